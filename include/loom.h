@@ -1,0 +1,41 @@
+/*
+ * Loom extensions to the NCCL API. Everything here is prefixed `loom` and is
+ * not part of NCCL; programs that only use nccl.h never need this header.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_H_
+#define LOOM_H_
+
+#include "nccl.h"
+
+#define LOOM_MAJOR 0
+#define LOOM_MINOR 1
+#define LOOM_PATCH 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A unique id as 256 lowercase hex digits, so that launchers can pass it
+ * through the environment or a pipe. `hex` must hold 257 bytes. */
+ncclResult_t loomUniqueIdToHex(const ncclUniqueId *id, char *hex);
+ncclResult_t loomUniqueIdFromHex(const char *hex, ncclUniqueId *id);
+
+/* The transports this build of the library has, as a space-separated list
+ * such as "shm net/socket". */
+const char *loomTransports(void);
+
+/* Whether `comm` is a host communicator (buffers in host memory, stream
+ * NULL). Returns ncclInvalidArgument for a NULL comm or result pointer. */
+ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost);
+
+/* The transport used to reach `peer` on channel 0 once a collective or a
+ * send/recv has connected it: "shm", "net/socket", "self", or "none" before
+ * the first use. For tests and diagnostics. */
+ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const char **name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_H_ */

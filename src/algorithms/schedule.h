@@ -1,0 +1,79 @@
+/*
+ * A schedule: what one rank does for one collective on one channel, as a
+ * sequence of steps over chunks of the buffers. The executor walks it; each
+ * step moves its elements through the channel's FIFOs one slot at a time.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_SCHEDULE_H
+#define LOOM_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+enum step_kind {
+  STEP_SEND = 0,                  /* input -> next */
+  STEP_RECV = 1,                  /* prev -> output */
+  STEP_COPY_SEND = 2,             /* input -> output and next */
+  STEP_RECV_COPY_SEND = 3,        /* prev -> output and next */
+  STEP_RECV_REDUCE_SEND = 4,      /* prev (+) input -> next */
+  STEP_RECV_REDUCE_COPY = 5,      /* prev (+) input -> output */
+  STEP_RECV_REDUCE_COPY_SEND = 6, /* prev (+) input -> output and next */
+  STEP_COPY = 7,                  /* input -> output, no peer */
+  STEP_KIND_COUNT
+};
+
+/* The step produces the final reduced value (integer Avg divides here). */
+#define STEP_FINAL 0x1
+
+struct step {
+  uint8_t kind;
+  uint8_t flags;
+  uint64_t src_off; /* elements into the send buffer */
+  uint64_t dst_off; /* elements into the receive buffer */
+  uint64_t nelem;
+};
+
+struct schedule {
+  int nsteps, cap;
+  struct step *steps;
+};
+
+static inline int step_recvs(int kind) {
+  return kind == STEP_RECV || kind == STEP_RECV_COPY_SEND || kind == STEP_RECV_REDUCE_SEND ||
+         kind == STEP_RECV_REDUCE_COPY || kind == STEP_RECV_REDUCE_COPY_SEND;
+}
+static inline int step_sends(int kind) {
+  return kind == STEP_SEND || kind == STEP_COPY_SEND || kind == STEP_RECV_COPY_SEND ||
+         kind == STEP_RECV_REDUCE_SEND || kind == STEP_RECV_REDUCE_COPY_SEND;
+}
+const char *step_name(int kind);
+
+/* What a ring schedule is built from. */
+struct ring_args {
+  int coll;            /* enum coll_kind */
+  int nranks;
+  const int *ring;     /* ranks in ring order */
+  int index;           /* this rank's position in `ring` */
+  int root;            /* Broadcast/Reduce root rank */
+  size_t count;        /* the call's count argument */
+  size_t off, len;     /* this channel's elements: of the buffer (AllReduce,
+                          Broadcast, Reduce) or of each rank's block */
+  size_t chunk;        /* elements per pipelined chunk */
+  size_t align;        /* chunk boundaries fall on multiples of this */
+};
+
+ncclResult_t ring_schedule(const struct ring_args *a, struct schedule *out);
+
+/* Send or receive `count` elements with a peer: one step. */
+ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out);
+
+/* The elements of `total` that channel `c` of `nchannels` handles. */
+void schedule_channel_range(size_t total, int c, int nchannels, size_t align, size_t *off, size_t *len);
+
+/* Appends a step; empty steps are dropped. */
+ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, size_t dst, size_t n);
+void schedule_free(struct schedule *s);
+
+#endif

@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "bootstrap.h"
+#include "misc/utils.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char id_magic[8] = "LOOMID1";
+static const char hello_magic[8] = "LOOMHI1";
+static const char reply_magic[8] = "LOOMRE1";
+static const char msg_magic[8] = "LOOMMS1";
+
+/* What ncclUniqueId holds. */
+struct boot_id {
+  char magic[8];
+  uint64_t secret;
+  uint32_t fixed; /* root address from NCCL_COMM_ID */
+  uint32_t pad;
+  union sock_addr root;
+};
+_Static_assert(sizeof(struct boot_id) <= NCCL_UNIQUE_ID_BYTES, "unique id too small");
+
+struct root_hello {
+  char magic[8];
+  uint64_t secret;
+  int32_t rank, nranks;
+  int32_t pid, pad;
+  union sock_addr addr;
+  char host[64];
+};
+
+struct root_reply {
+  char magic[8];
+  int32_t status; /* ncclResult_t */
+  int32_t nranks;
+  char msg[256];
+};
+
+struct msg_hdr {
+  char magic[8];
+  uint64_t secret;
+  int32_t from;
+  uint32_t pad;
+  uint64_t tag;
+  uint64_t len;
+};
+
+struct boot_stash {
+  struct boot_stash *next;
+  int from;
+  uint64_t tag;
+  size_t len;
+  char data[];
+};
+
+/* A greeting must arrive this soon after a connection opens; a connection
+ * that does not say who it is within this time is dropped. */
+#define GREETING_NS 2000000000ull
+
+static ncclResult_t local_address(union sock_addr *addr, char *ifname, size_t len) {
+  struct sock_iface ifs[SOCK_MAX_IFACES];
+  int n = 0;
+  CHECK(sock_find_interfaces(ifs, SOCK_MAX_IFACES, &n));
+  *addr = ifs[0].addr;
+  if (addr->sa.sa_family == AF_INET)
+    addr->sin.sin_port = 0;
+  else
+    addr->sin6.sin6_port = 0;
+  snprintf(ifname, len, "%s", ifs[0].name);
+  return ncclSuccess;
+}
+
+/* ---- root ---- */
+
+struct root_state {
+  int listen_fd;
+  uint64_t secret;
+  union sock_addr addr;
+};
+
+static void root_reply_error(int fd, ncclResult_t status, const char *msg) {
+  struct root_reply r = {0};
+  memcpy(r.magic, reply_magic, sizeof r.magic);
+  r.status = status;
+  snprintf(r.msg, sizeof r.msg, "%s", msg);
+  sock_send_all(fd, &r, sizeof r, time_ns() + GREETING_NS, "a joining rank");
+  close(fd);
+}
+
+static void *root_main(void *arg) {
+  struct root_state st = *(struct root_state *)arg;
+  free(arg);
+  char where[SOCK_ADDR_STRLEN], msg[256];
+  sock_addr_str(&st.addr, where, sizeof where);
+  uint64_t deadline = deadline_from_timeout();
+  int nranks = -1, joined = 0, first_rank = -1;
+  int *fds = NULL;
+  union sock_addr *addrs = NULL;
+  struct root_hello *hellos = NULL;
+  for (;;) {
+    if (nranks > 0 && joined == nranks)
+      break;
+    int fd = -1;
+    ncclResult_t r = sock_accept(st.listen_fd, deadline, &fd);
+    if (r == ncclInProgress) {
+      char missing[200] = "";
+      size_t o = 0;
+      for (int i = 0; nranks > 0 && i < nranks && o < sizeof missing - 8; i++)
+        if (fds[i] < 0)
+          o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", i);
+      snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s within LOOM_TIMEOUT=%llds",
+               nranks > 0 ? missing : "?", nranks, where, (long long)timeout_seconds());
+      WARN("bootstrap root: %s", msg);
+      for (int i = 0; nranks > 0 && i < nranks; i++)
+        if (fds[i] >= 0)
+          root_reply_error(fds[i], ncclRemoteError, msg);
+      goto done;
+    }
+    if (r != ncclSuccess) {
+      WARN("bootstrap root at %s: %s", where, err_thread_last());
+      continue;
+    }
+    struct root_hello h;
+    uint64_t greet = time_ns() + GREETING_NS;
+    if (sock_recv_all(fd, h.magic, sizeof h.magic, greet, "a connecting process") != ncclSuccess ||
+        memcmp(h.magic, hello_magic, sizeof h.magic) != 0 ||
+        sock_recv_all(fd, (char *)&h + sizeof h.magic, sizeof h - sizeof h.magic, greet, "a connecting process") !=
+            ncclSuccess) {
+      WARN("bootstrap root at %s: dropped a connection that did not greet like a Loom rank", where);
+      close(fd);
+      continue;
+    }
+    h.host[sizeof h.host - 1] = '\0';
+    if (h.secret != st.secret) {
+      snprintf(msg, sizeof msg,
+               "the unique id does not match this root's: it belongs to another communicator or job");
+      WARN("bootstrap root at %s: refused rank %d from %s pid %d: %s", where, h.rank, h.host, h.pid, msg);
+      root_reply_error(fd, ncclInvalidUsage, msg);
+      continue;
+    }
+    if (nranks < 0) {
+      if (h.nranks < 1 || h.nranks > (1 << 20)) {
+        root_reply_error(fd, ncclInvalidArgument, "nranks out of range");
+        continue;
+      }
+      nranks = h.nranks;
+      first_rank = h.rank;
+      fds = malloc(sizeof *fds * nranks);
+      addrs = calloc(nranks, sizeof *addrs);
+      hellos = calloc(nranks, sizeof *hellos);
+      if (!fds || !addrs || !hellos) {
+        WARN("bootstrap root: out of memory for %d ranks", nranks);
+        close(fd);
+        goto done;
+      }
+      for (int i = 0; i < nranks; i++)
+        fds[i] = -1;
+    }
+    if (h.nranks != nranks) {
+      snprintf(msg, sizeof msg, "rank %d says nranks=%d but rank %d, the first to join, says nranks=%d", h.rank,
+               h.nranks, first_rank, nranks);
+      WARN("bootstrap root at %s: %s", where, msg);
+      root_reply_error(fd, ncclInvalidUsage, msg);
+      continue;
+    }
+    if (h.rank < 0 || h.rank >= nranks || fds[h.rank] >= 0) {
+      if (h.rank >= 0 && h.rank < nranks)
+        snprintf(msg, sizeof msg, "rank %d joined twice: first from %s pid %d, then from %s pid %d", h.rank,
+                 hellos[h.rank].host, hellos[h.rank].pid, h.host, h.pid);
+      else
+        snprintf(msg, sizeof msg, "rank %d is out of range for nranks=%d", h.rank, nranks);
+      WARN("bootstrap root at %s: %s", where, msg);
+      root_reply_error(fd, ncclInvalidUsage, msg);
+      continue;
+    }
+    fds[h.rank] = fd;
+    addrs[h.rank] = h.addr;
+    hellos[h.rank] = h;
+    joined++;
+    TRACE(LOG_BOOTSTRAP, "bootstrap root: rank %d of %d joined from %s pid %d", h.rank, nranks, h.host, h.pid);
+  }
+  INFO(LOG_BOOTSTRAP, "bootstrap root at %s: all %d ranks joined", where, nranks);
+  struct root_reply ok = {0};
+  memcpy(ok.magic, reply_magic, sizeof ok.magic);
+  ok.nranks = nranks;
+  for (int i = 0; i < nranks; i++) {
+    uint64_t dl = time_ns() + GREETING_NS * 5;
+    if (sock_send_all(fds[i], &ok, sizeof ok, dl, "a joining rank") != ncclSuccess ||
+        sock_send_all(fds[i], addrs, sizeof *addrs * nranks, dl, "a joining rank") != ncclSuccess)
+      WARN("bootstrap root at %s: could not answer rank %d: %s", where, i, err_thread_last());
+    close(fds[i]);
+  }
+done:
+  close(st.listen_fd);
+  free(fds);
+  free(addrs);
+  free(hellos);
+  return NULL;
+}
+
+static ncclResult_t root_start(const union sock_addr *bind_addr, uint64_t secret, union sock_addr *bound) {
+  struct root_state *st = malloc(sizeof *st);
+  if (!st)
+    return err_set(ncclSystemError, "out of memory starting the bootstrap root");
+  ncclResult_t r = sock_listen(bind_addr, &st->listen_fd, &st->addr);
+  if (r != ncclSuccess) {
+    free(st);
+    return r;
+  }
+  st->secret = secret;
+  if (bound)
+    *bound = st->addr;
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, root_main, st);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    close(st->listen_fd);
+    free(st);
+    return err_set(ncclSystemError, "cannot start the bootstrap root thread: %s", strerror(rc));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_create_root_id(ncclUniqueId *out) {
+  struct boot_id id = {0};
+  memcpy(id.magic, id_magic, sizeof id.magic);
+  char ifname[IF_NAMESIZE], a[SOCK_ADDR_STRLEN];
+  union sock_addr bind_addr;
+  CHECK(local_address(&bind_addr, ifname, sizeof ifname));
+  CHECK(util_random(&id.secret, sizeof id.secret));
+  CHECK(root_start(&bind_addr, id.secret, &id.root));
+  INFO(LOG_BOOTSTRAP, "bootstrap root listening on %s (%s)", sock_addr_str(&id.root, a, sizeof a), ifname);
+  memset(out, 0, sizeof *out);
+  memcpy(out->internal, &id, sizeof id);
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_get_unique_id(ncclUniqueId *out) {
+  if (!param_is_set(P_COMM_ID))
+    return bootstrap_create_root_id(out);
+  struct boot_id id = {0};
+  memcpy(id.magic, id_magic, sizeof id.magic);
+  const char *s = param_str(P_COMM_ID);
+  if (sock_parse_addr(s, &id.root) != ncclSuccess) {
+    err_context("NCCL_COMM_ID=%s", s);
+    return ncclInvalidArgument;
+  }
+  /* Every process computes the same id on its own, so the secret can only
+   * come from the address itself. */
+  id.secret = util_hash_str(s, 0x6c6f6f6d);
+  id.fixed = 1;
+  memset(out, 0, sizeof *out);
+  memcpy(out->internal, &id, sizeof id);
+  return ncclSuccess;
+}
+
+int bootstrap_id_is_fixed(const ncclUniqueId *uid) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  return id.fixed != 0;
+}
+
+int bootstrap_id_valid(const ncclUniqueId *uid) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  return memcmp(id.magic, id_magic, sizeof id.magic) == 0 &&
+         (id.root.sa.sa_family == AF_INET || id.root.sa.sa_family == AF_INET6);
+}
+
+uint64_t bootstrap_id_hash(const ncclUniqueId *uid) { return util_hash(uid->internal, sizeof uid->internal, 0); }
+
+ncclResult_t bootstrap_start_root(const ncclUniqueId *uid) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  char a[SOCK_ADDR_STRLEN];
+  if (root_start(&id.root, id.secret, NULL) != ncclSuccess) {
+    err_context("NCCL_COMM_ID=%s: rank 0 cannot start the bootstrap root there", sock_addr_str(&id.root, a, sizeof a));
+    return ncclSystemError;
+  }
+  INFO(LOG_BOOTSTRAP, "bootstrap root listening on NCCL_COMM_ID %s", a);
+  return ncclSuccess;
+}
+
+/* ---- ranks ---- */
+
+ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const volatile int *abort_flag,
+                            struct bootstrap **out) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  char ifname[IF_NAMESIZE], root_str[SOCK_ADDR_STRLEN], a[SOCK_ADDR_STRLEN];
+  sock_addr_str(&id.root, root_str, sizeof root_str);
+  struct bootstrap *b = calloc(1, sizeof *b);
+  if (!b)
+    return err_set(ncclSystemError, "out of memory for the bootstrap");
+  b->rank = rank;
+  b->nranks = nranks;
+  b->secret = id.secret;
+  b->listen_fd = -1;
+  b->abort_flag = abort_flag;
+  pthread_mutex_init(&b->lock, NULL);
+  ncclResult_t res;
+  int fd = -1;
+  union sock_addr bind_addr;
+  CHECK_GOTO(local_address(&bind_addr, ifname, sizeof ifname), res, fail);
+  CHECK_GOTO(sock_listen(&bind_addr, &b->listen_fd, &b->addr), res, fail);
+  INFO(LOG_BOOTSTRAP, "bootstrap: rank %d listens on %s (%s), root is %s", rank,
+       sock_addr_str(&b->addr, a, sizeof a), ifname, root_str);
+
+  uint64_t deadline = deadline_from_timeout();
+  CHECK_GOTO(sock_connect(&id.root, deadline, 1, "the bootstrap root", &fd), res, fail);
+  struct root_hello h = {0};
+  memcpy(h.magic, hello_magic, sizeof h.magic);
+  h.secret = id.secret;
+  h.rank = rank;
+  h.nranks = nranks;
+  h.pid = (int)getpid();
+  h.addr = b->addr;
+  gethostname(h.host, sizeof h.host - 1);
+  CHECK_GOTO(sock_send_all(fd, &h, sizeof h, deadline, "the bootstrap root"), res, fail);
+  struct root_reply rep;
+  CHECK_GOTO(sock_recv_all(fd, &rep, sizeof rep, deadline, "the bootstrap root"), res, fail);
+  if (memcmp(rep.magic, reply_magic, sizeof rep.magic) != 0) {
+    res = err_set(ncclRemoteError, "the bootstrap root at %s answered with something that is not Loom's protocol", root_str);
+    goto fail;
+  }
+  if (rep.status != ncclSuccess) {
+    rep.msg[sizeof rep.msg - 1] = '\0';
+    res = err_set((ncclResult_t)rep.status, "the bootstrap root at %s refused rank %d: %s", root_str, rank, rep.msg);
+    goto fail;
+  }
+  CHECK_GOTO(UTIL_CALLOC(&b->peers, nranks, "bootstrap addresses"), res, fail);
+  CHECK_GOTO(sock_recv_all(fd, b->peers, sizeof *b->peers * nranks, deadline, "the bootstrap root"), res, fail);
+  close(fd);
+  *out = b;
+  return ncclSuccess;
+fail:
+  if (res != ncclSuccess && strstr(err_thread_last(), "bootstrap") == NULL)
+    err_context("bootstrap of rank %d (root %s)", rank, root_str);
+  if (fd >= 0)
+    close(fd);
+  bootstrap_close(b);
+  return res;
+}
+
+void bootstrap_close(struct bootstrap *b) {
+  if (!b)
+    return;
+  if (b->listen_fd >= 0)
+    close(b->listen_fd);
+  for (struct boot_stash *s = b->stash, *n; s; s = n) {
+    n = s->next;
+    free(s);
+  }
+  free(b->peers);
+  pthread_mutex_destroy(&b->lock);
+  free(b);
+}
+
+ncclResult_t bootstrap_send(struct bootstrap *b, int peer, uint64_t tag, const void *data, size_t len) {
+  char what[64];
+  snprintf(what, sizeof what, "rank %d's bootstrap listener", peer);
+  uint64_t deadline = deadline_from_timeout();
+  int fd;
+  CHECK(sock_connect(&b->peers[peer], deadline, 0, what, &fd));
+  struct msg_hdr h = {0};
+  memcpy(h.magic, msg_magic, sizeof h.magic);
+  h.secret = b->secret;
+  h.from = b->rank;
+  h.tag = tag;
+  h.len = len;
+  ncclResult_t r = sock_send_all(fd, &h, sizeof h, deadline, what);
+  if (r == ncclSuccess && len > 0)
+    r = sock_send_all(fd, data, len, deadline, what);
+  close(fd);
+  return r;
+}
+
+static struct boot_stash *stash_take(struct bootstrap *b, int from, uint64_t tag) {
+  for (struct boot_stash **p = &b->stash; *p; p = &(*p)->next) {
+    if ((*p)->from == from && (*p)->tag == tag) {
+      struct boot_stash *s = *p;
+      *p = s->next;
+      return s;
+    }
+  }
+  return NULL;
+}
+
+static ncclResult_t deliver(struct boot_stash *s, int peer, uint64_t tag, void *data, size_t len) {
+  ncclResult_t r = ncclSuccess;
+  if (s->len != len)
+    r = err_set(ncclInvalidUsage,
+                "rank %d sent %zu bytes of bootstrap data (tag %llx) where %zu were expected: the ranks disagree "
+                "about the operation",
+                peer, s->len, (unsigned long long)tag, len);
+  else
+    memcpy(data, s->data, len);
+  free(s);
+  return r;
+}
+
+/* Reads one message from an accepted connection; garbage is dropped with a
+ * warning and reported as ncclInProgress so the caller keeps listening. */
+static ncclResult_t read_message(struct bootstrap *b, int fd, struct boot_stash **out) {
+  struct msg_hdr h;
+  uint64_t greet = time_ns() + GREETING_NS;
+  if (sock_recv_all(fd, &h, sizeof h, greet, "a connecting process") != ncclSuccess ||
+      memcmp(h.magic, msg_magic, sizeof h.magic) != 0 || h.secret != b->secret || h.from < 0 ||
+      h.from >= b->nranks || h.len > (1ull << 30)) {
+    WARN("bootstrap: rank %d dropped a connection that is not from a rank of this communicator", b->rank);
+    return ncclInProgress;
+  }
+  struct boot_stash *s = malloc(sizeof *s + h.len);
+  if (!s)
+    return err_set(ncclSystemError, "out of memory for a %llu-byte bootstrap message", (unsigned long long)h.len);
+  s->from = h.from;
+  s->tag = h.tag;
+  s->len = h.len;
+  s->next = NULL;
+  char what[48];
+  snprintf(what, sizeof what, "rank %d", h.from);
+  ncclResult_t r = sock_recv_all(fd, s->data, h.len, deadline_from_timeout(), what);
+  if (r != ncclSuccess) {
+    free(s);
+    return r;
+  }
+  *out = s;
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *data, size_t len) {
+  pthread_mutex_lock(&b->lock);
+  ncclResult_t r = ncclSuccess;
+  struct boot_stash *s = stash_take(b, peer, tag);
+  uint64_t deadline = deadline_from_timeout();
+  uint64_t next_check = time_ns() + 100000000ull;
+  while (s == NULL) {
+    if (b->abort_flag && *b->abort_flag) {
+      r = err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", peer);
+      goto out;
+    }
+    uint64_t now = time_ns();
+    if (now >= deadline) {
+      r = err_set(ncclRemoteError, "rank %d waited LOOM_TIMEOUT=%llds for bootstrap data from rank %d", b->rank,
+                  (long long)timeout_seconds(), peer);
+      goto out;
+    }
+    if (b->alive && now >= next_check) {
+      next_check = now + 100000000ull;
+      CHECK_GOTO(b->alive(b->alive_ctx, peer), r, out);
+    }
+    int fd;
+    r = sock_accept(b->listen_fd, LOOM_MIN(deadline, now + 100000000ull), &fd);
+    if (r == ncclInProgress)
+      continue;
+    if (r != ncclSuccess)
+      goto out;
+    struct boot_stash *m = NULL;
+    r = read_message(b, fd, &m);
+    close(fd);
+    if (r == ncclInProgress)
+      continue;
+    if (r != ncclSuccess)
+      goto out;
+    if (m->from == peer && m->tag == tag) {
+      s = m;
+    } else {
+      m->next = b->stash;
+      b->stash = m;
+    }
+  }
+  r = deliver(s, peer, tag, data, len);
+out:
+  pthread_mutex_unlock(&b->lock);
+  return r;
+}
+
+ncclResult_t bootstrap_allgather(struct bootstrap *b, void *data, size_t size) {
+  int n = b->nranks, me = b->rank;
+  uint64_t base = BOOT_TAG_INTERNAL | (b->seq++ << 20);
+  char *d = data;
+  int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  /* Ring: at step s send the slot received at step s-1 and receive the one
+   * from s+1 ranks back. */
+  for (int s = 0; s < n - 1; s++) {
+    int send_slot = (me - s + n) % n, recv_slot = (me - s - 1 + n) % n;
+    CHECK(bootstrap_send(b, next, base | (uint64_t)s, d + (size_t)send_slot * size, size));
+    CHECK(bootstrap_recv(b, prev, base | (uint64_t)s, d + (size_t)recv_slot * size, size));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t bootstrap_barrier(struct bootstrap *b) {
+  int n = b->nranks, me = b->rank;
+  uint64_t base = BOOT_TAG_INTERNAL | (b->seq++ << 20);
+  char token = 0;
+  /* Dissemination: log2(n) rounds. */
+  for (int k = 1, round = 0; k < n; k <<= 1, round++) {
+    CHECK(bootstrap_send(b, (me + k) % n, base | (uint64_t)round, &token, 1));
+    CHECK(bootstrap_recv(b, (me - k + n) % n, base | (uint64_t)round, &token, 1));
+  }
+  return ncclSuccess;
+}

@@ -1,0 +1,195 @@
+/*
+ * The collective and point-to-point entry points: each validates its
+ * arguments, says exactly what is wrong when something is, and queues a
+ * task on its group.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "api.h"
+#include "comm.h"
+#include "enqueue.h"
+#include "exec/dtype.h"
+#include "group.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static int is_reduction(int coll) {
+  return coll == COLL_REDUCE || coll == COLL_ALLREDUCE || coll == COLL_REDUCESCATTER;
+}
+
+/* The scalar of a PreMulSum or Avg, stored the way red_op wants it. */
+static void set_scalar(struct red_op *r, int dtype, double f, int64_t i) {
+  switch (dtype) {
+  case ncclInt8: case ncclInt32: case ncclInt64: r->scalar.i = i; break;
+  case ncclUint8: case ncclUint32: case ncclUint64: r->scalar.u = (uint64_t)i; break;
+  default: r->scalar.f = f;
+  }
+}
+
+static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char *func) {
+  struct red_op *r = &t->red;
+  memset(r, 0, sizeof *r);
+  r->dtype = t->dtype;
+  if (!is_reduction(t->coll))
+    return ncclSuccess;
+  int op = t->op;
+  if (op >= 0 && op < ncclAvg) {
+    r->kind = op; /* ncclSum..ncclMin match red_kind */
+    return ncclSuccess;
+  }
+  r->kind = RED_SUM;
+  if (op == ncclAvg) {
+    if (dtype_is_float(t->dtype)) {
+      /* NCCL's Avg on floats: every input times 1/nranks, in the type. */
+      double inv = 1.0 / comm->nranks;
+      char tmp[8];
+      dtype_store(t->dtype, tmp, 0, inv);
+      r->premul = 1;
+      set_scalar(r, t->dtype, dtype_load(t->dtype, tmp, 0), 0);
+    } else {
+      r->postdiv = 1;
+      r->divisor = comm->nranks;
+    }
+    return ncclSuccess;
+  }
+  int slot = op - ncclNumOps;
+  if (op < 0 || slot >= comm->n_user_ops || !comm->user_ops[slot].in_use)
+    return err_set(ncclInvalidArgument,
+                   "%s: op %d is neither a built-in ncclRedOp_t nor an operator created on this communicator", func, op);
+  const struct user_op *u = &comm->user_ops[slot];
+  if (u->dtype != t->dtype)
+    return err_set(ncclInvalidArgument, "%s: the PreMulSum operator %d was created for %s but the call uses %s", func,
+                   op, dtype_name(u->dtype), dtype_name(t->dtype));
+  r->premul = 1;
+  if (u->scalar_ptr) {
+    int64_t iv = 0;
+    if (t->dtype == ncclInt64 || t->dtype == ncclUint64)
+      memcpy(&iv, u->scalar_ptr, sizeof iv);
+    else
+      iv = (int64_t)dtype_load(t->dtype, u->scalar_ptr, 0);
+    set_scalar(r, t->dtype, dtype_load(t->dtype, u->scalar_ptr, 0), iv);
+  } else {
+    int64_t iv = (t->dtype == ncclInt64 || t->dtype == ncclUint64) ? u->scalar_i : (int64_t)u->scalar;
+    set_scalar(r, t->dtype, u->scalar, iv);
+  }
+  return ncclSuccess;
+}
+
+/* Elements the buffers span: count for most, count * nranks for the
+ * gathered or scattered side. */
+static ncclResult_t check_size(const struct ncclComm *comm, const struct task *t, const char *func) {
+  size_t esize = dtype_size(t->dtype);
+  size_t mult = (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER) ? (size_t)comm->nranks : 1;
+  if (t->count > SIZE_MAX / esize / mult)
+    return err_set(ncclInvalidArgument, "%s: count %zu of %s%s overflows the address space", func, t->count,
+                   dtype_name(t->dtype), mult > 1 ? " times nranks" : "");
+  /* Counts travel in 64-bit headers, but pointers plus offsets must not
+   * wrap either. */
+  if (t->count * esize * mult > (size_t)PTRDIFF_MAX)
+    return err_set(ncclInvalidArgument, "%s: count %zu of %s is larger than any buffer can be", func, t->count,
+                   dtype_name(t->dtype));
+  return ncclSuccess;
+}
+
+static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t stream, const char *func) {
+  CHECK(comm_check(comm, func));
+  log_set_rank(comm->rank);
+  if (comm->is_host && stream != NULL)
+    return err_set(ncclInvalidArgument,
+                   "%s: stream must be NULL on a host communicator (its buffers are host memory and the call "
+                   "returns when it is done)",
+                   func);
+  if (t->dtype < 0 || t->dtype >= ncclNumTypes)
+    return err_set(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t (0..%d)", func, t->dtype,
+                   ncclNumTypes - 1);
+  CHECK(check_size(comm, t, func));
+  if ((t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) && (t->root < 0 || t->root >= comm->nranks))
+    return err_set(ncclInvalidArgument, "%s: root %d is out of range for a communicator of %d ranks", func, t->root,
+                   comm->nranks);
+  if ((t->coll == COLL_SEND || t->coll == COLL_RECV) && (t->peer < 0 || t->peer >= comm->nranks))
+    return err_set(ncclInvalidArgument, "%s: peer %d is out of range for a communicator of %d ranks", func, t->peer,
+                   comm->nranks);
+  CHECK(resolve_op(comm, t, func));
+  if (t->count > 0) {
+    int me_root = t->root == comm->rank;
+    int need_send = t->coll != COLL_RECV && (t->coll != COLL_BROADCAST || me_root);
+    int need_recv = t->coll != COLL_SEND && (t->coll != COLL_REDUCE || me_root);
+    if (need_send && t->sendbuff == NULL)
+      return err_set(ncclInvalidArgument, "%s: sendbuff is NULL (count %zu)", func, t->count);
+    if (need_recv && t->recvbuff == NULL)
+      return err_set(ncclInvalidArgument, "%s: recvbuff is NULL (count %zu)", func, t->count);
+  }
+  if (log_enabled(LOG_INFO, LOG_COLL)) {
+    char d[200];
+    task_describe(t, d, sizeof d);
+    INFO(LOG_COLL, "%s: %s sendbuff %p recvbuff %p comm %p", func, d, t->sendbuff, (void *)t->recvbuff, (void *)comm);
+  }
+  return group_enqueue(comm, t);
+}
+
+/* The one exit of every entry point: a refused call inside a group also
+ * fails the group, so no rank runs half of it. */
+static ncclResult_t finish(struct ncclComm *comm, ncclResult_t r) {
+  if (r != ncclSuccess && group_depth() > 0)
+    group_record_error(r);
+  return api_finish(comm, r);
+}
+
+#define TASK(...) ((struct task){__VA_ARGS__})
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_ALLREDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
+                       .dtype = datatype, .op = op, .root = -1, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclAllReduce"));
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_ALLGATHER, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = sendcount,
+                       .dtype = datatype, .op = ncclSum, .root = -1, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclAllGather"));
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_REDUCESCATTER, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = recvcount,
+                       .dtype = datatype, .op = op, .root = -1, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclReduceScatter"));
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_BROADCAST, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
+                       .dtype = datatype, .op = ncclSum, .root = root, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclBroadcast"));
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+         cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_BROADCAST, .sendbuff = buff, .recvbuff = buff, .count = count,
+                       .dtype = datatype, .op = ncclSum, .root = root, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclBcast"));
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_REDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
+                       .dtype = datatype, .op = op, .root = root, .peer = -1);
+  return finish(comm, submit(comm, &t, stream, "ncclReduce"));
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_SEND, .sendbuff = sendbuff, .recvbuff = NULL, .count = count, .dtype = datatype,
+                       .op = ncclSum, .root = -1, .peer = peer);
+  return finish(comm, submit(comm, &t, stream, "ncclSend"));
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream) {
+  struct task t = TASK(.coll = COLL_RECV, .sendbuff = NULL, .recvbuff = recvbuff, .count = count, .dtype = datatype,
+                       .op = ncclSum, .root = -1, .peer = peer);
+  return finish(comm, submit(comm, &t, stream, "ncclRecv"));
+}

@@ -1,0 +1,102 @@
+/*
+ * The communicator: who the ranks are, how to reach them, and what state the
+ * communicator is in.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core.h"
+#include "exec/reduce.h"
+
+struct bootstrap;
+struct conn;
+struct task;
+
+#define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
+
+/* What every rank learns about every other rank during init. */
+struct peer_info {
+  int32_t rank;
+  int32_t pid;
+  uint64_t host_hash;
+  char hostname[64];
+  int64_t buffsize;
+  int32_t shm_disabled;
+  int32_t cuda_dev;
+  int32_t nchannels_wanted;
+  int32_t pad;
+};
+
+struct channel {
+  int id;
+  int ring_prev, ring_next;
+  int ring_index;   /* this rank's position in `ring` */
+  int *ring;        /* the ranks in ring order */
+};
+
+/* A PreMulSum operator made by ncclRedOpCreatePreMulSum. */
+struct user_op {
+  int in_use;
+  int dtype;
+  int residence;       /* ncclScalarResidence_t */
+  const void *scalar_ptr; /* ncclScalarDevice: read at each call */
+  double scalar;       /* ncclScalarHostImmediate (ints stored exactly) */
+  int64_t scalar_i;
+};
+
+struct ncclComm {
+  uint64_t magic;
+  int rank, nranks;
+  int cuda_dev;    /* -1: host communicator */
+  int is_host;
+  uint64_t comm_hash;
+  char name[64];
+  int blocking;
+
+  struct bootstrap *boot;
+  struct peer_info *peers;
+  size_t buffsize;
+  int nchannels;
+  struct channel channels[LOOM_MAX_CHANNELS];
+  /* Connections, created on first use: [channel][peer] for rings would be
+   * wasteful, so rings keep theirs per channel and p2p per peer. */
+  struct conn *ring_send[LOOM_MAX_CHANNELS], *ring_recv[LOOM_MAX_CHANNELS];
+  struct conn **p2p_send, **p2p_recv;
+  struct conn *pending; /* created, not yet connected */
+  int *peer_pidfd;      /* same-host peers' pidfds, -1 elsewhere */
+
+  struct user_op *user_ops;
+  int n_user_ops;
+
+  /* Set by ncclCommAbort or by a failure; every wait polls it. */
+  volatile int abort_flag;
+  ncclResult_t async_error;
+  char last_error[LOOM_ERR_LEN];
+  int finalized;
+  uint64_t coll_seq; /* collectives started, for diagnostics */
+
+  /* Group bookkeeping (owned by the thread in the group). */
+  struct task *tasks_head, *tasks_tail;
+  struct ncclComm *group_next;
+  int in_group;
+};
+
+/* Validates a communicator argument; records the sentence on failure. */
+ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
+
+/* Marks the communicator broken after a failure that leaves its
+ * connections in an unknown state, and tells the peers. */
+void comm_set_error(struct ncclComm *comm, ncclResult_t res);
+
+/* Frees everything the communicator holds, whatever state it is in. */
+void comm_destroy_all(struct ncclComm *comm);
+
+/* The API layer's exit: on failure copy this thread's sentence into the
+ * communicator (and the process-wide last error), and log it once. */
+ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res);
+
+#endif

@@ -1,0 +1,46 @@
+/*
+ * What every module of the library includes: the public API, error
+ * propagation, logging and parameters.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_CORE_H
+#define LOOM_CORE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "misc/debug.h"
+#include "misc/errors.h"
+#include "misc/param.h"
+
+/* Propagates a failure; the place that detected it already recorded the
+ * sentence (err_set), so nothing is logged here. */
+#define CHECK(call)                      \
+  do {                                   \
+    ncclResult_t check_res_ = (call);    \
+    if (check_res_ != ncclSuccess)       \
+      return check_res_;                 \
+  } while (0)
+
+#define CHECK_GOTO(call, res, label)     \
+  do {                                   \
+    (res) = (call);                      \
+    if ((res) != ncclSuccess)            \
+      goto label;                        \
+  } while (0)
+
+#define LOOM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LOOM_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define LOOM_DIV_UP(a, b) (((a) + (b) - 1) / (b))
+#define LOOM_ALIGN_UP(a, b) (LOOM_DIV_UP(a, b) * (b))
+
+/* Every FIFO has this many slots, as in NCCL. */
+#define NCCL_STEPS 8
+#define LOOM_MAX_CHANNELS 32
+#define LOOM_CACHE_LINE 128
+
+#endif

@@ -1,0 +1,321 @@
+/*
+ * The end of a group on host communicators: each task becomes one work per
+ * channel (collectives) or one work per peer (send/recv); works that share
+ * connections queue on the same lane and run in call order, lanes run
+ * concurrently. The calling thread drives every lane until all are done,
+ * a peer fails, or nothing moves for LOOM_TIMEOUT.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "comm.h"
+#include "enqueue.h"
+#include "exec/dtype.h"
+#include "exec/host_exec.h"
+#include "misc/utils.h"
+#include "transport/transport.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *coll_names[COLL_COUNT] = {"Broadcast", "Reduce",  "AllGather", "ReduceScatter",
+                                             "AllReduce", "Send",    "Recv"};
+
+const char *coll_name(int coll) { return coll >= 0 && coll < COLL_COUNT ? coll_names[coll] : "?"; }
+
+void task_describe(const struct task *t, char *buf, size_t len) {
+  static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
+  const char *op = t->op >= 0 && t->op < ncclNumOps ? ops[t->op] : "premulsum";
+  switch (t->coll) {
+  case COLL_SEND:
+  case COLL_RECV:
+    snprintf(buf, len, "%s(count %zu, %s, %s rank %d)", coll_name(t->coll), t->count, dtype_name(t->dtype),
+             t->coll == COLL_SEND ? "to" : "from", t->peer);
+    break;
+  case COLL_BROADCAST:
+    snprintf(buf, len, "Broadcast(count %zu, %s, root %d)", t->count, dtype_name(t->dtype), t->root);
+    break;
+  case COLL_REDUCE:
+    snprintf(buf, len, "Reduce(count %zu, %s, %s, root %d)", t->count, dtype_name(t->dtype), op, t->root);
+    break;
+  case COLL_ALLGATHER:
+    snprintf(buf, len, "AllGather(count %zu, %s)", t->count, dtype_name(t->dtype));
+    break;
+  default:
+    snprintf(buf, len, "%s(count %zu, %s, %s)", coll_name(t->coll), t->count, dtype_name(t->dtype), op);
+  }
+}
+
+struct lane {
+  struct work *head, *tail;
+};
+
+/* Per communicator: lanes [0, nchannels) are the rings, then one send and
+ * one receive lane per peer. */
+struct comm_plan {
+  struct ncclComm *comm;
+  struct lane *lanes;
+  int nlanes;
+};
+
+static void lane_push(struct lane *l, struct work *w) {
+  if (l->tail)
+    l->tail->next = w;
+  else
+    l->head = w;
+  l->tail = w;
+}
+
+static void work_free(struct work *w) {
+  schedule_free(&w->sched);
+  free(w);
+}
+
+static ncclResult_t new_work(struct task *t, uint64_t seq, struct work **out) {
+  struct work *w;
+  CHECK(UTIL_CALLOC(&w, 1, "a work item"));
+  w->task = t;
+  w->seq = seq;
+  w->esize = dtype_size(t->dtype);
+  w->src = t->sendbuff;
+  w->dst = t->recvbuff;
+  *out = w;
+  return ncclSuccess;
+}
+
+static size_t slot_elems(const struct ncclComm *comm, size_t esize) {
+  size_t capacity = (comm->buffsize / NCCL_STEPS) & ~(size_t)63;
+  return capacity / esize;
+}
+
+static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
+  struct ncclComm *comm = p->comm;
+  size_t esize = dtype_size(t->dtype);
+  size_t align = LOOM_MAX((size_t)1, 64 / esize);
+  for (int c = 0; c < comm->nchannels; c++) {
+    struct channel *ch = &comm->channels[c];
+    struct ring_args a = {
+        .coll = t->coll,
+        .nranks = comm->nranks,
+        .ring = ch->ring,
+        .index = ch->ring_index,
+        .root = t->root,
+        .count = t->count,
+        .chunk = slot_elems(comm, esize) * (NCCL_STEPS / 2),
+        .align = align,
+    };
+    schedule_channel_range(t->count, c, comm->nchannels, align, &a.off, &a.len);
+    struct work *w;
+    CHECK(new_work(t, seq, &w));
+    ncclResult_t r = ring_schedule(&a, &w->sched);
+    if (r == ncclSuccess && w->sched.nsteps > 0 && comm->nranks > 1) {
+      r = transport_get_conn(comm, CONN_RING, c, ch->ring_next, CONN_SEND, &w->send);
+      if (r == ncclSuccess)
+        r = transport_get_conn(comm, CONN_RING, c, ch->ring_prev, CONN_RECV, &w->recv);
+    }
+    if (r != ncclSuccess || w->sched.nsteps == 0) {
+      work_free(w);
+      CHECK(r);
+      continue;
+    }
+    w->channel = c;
+    w->piece = slot_elems(comm, esize);
+    lane_push(&p->lanes[c], w);
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
+  struct ncclComm *comm = p->comm;
+  struct work *w;
+  CHECK(new_work(t, 0, &w));
+  ncclResult_t r = p2p_schedule(t->coll, t->count, &w->sched);
+  if (r == ncclSuccess)
+    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, t->coll == COLL_SEND ? CONN_SEND : CONN_RECV,
+                           t->coll == COLL_SEND ? &w->send : &w->recv);
+  if (r != ncclSuccess) {
+    work_free(w);
+    return r;
+  }
+  w->piece = slot_elems(comm, w->esize);
+  int lane = comm->nchannels + (t->coll == COLL_SEND ? 0 : comm->nranks) + t->peer;
+  lane_push(&p->lanes[lane], w);
+  return ncclSuccess;
+}
+
+/* A send to oneself is a copy into the matching receive from oneself, in
+ * call order. */
+static ncclResult_t run_self(struct ncclComm *comm) {
+  int nsend = 0, nrecv = 0;
+  for (struct task *t = comm->tasks_head; t; t = t->next)
+    if (t->peer == comm->rank && (t->coll == COLL_SEND || t->coll == COLL_RECV))
+      *(t->coll == COLL_SEND ? &nsend : &nrecv) += 1;
+  if (nsend != nrecv)
+    return err_set(ncclInvalidUsage,
+                   "rank %d posted %d send(s) to itself but %d receive(s) from itself in the same group; each "
+                   "ncclSend to self needs a matching ncclRecv from self",
+                   comm->rank, nsend, nrecv);
+  struct task *s = comm->tasks_head, *r = comm->tasks_head;
+  for (int k = 0; k < nsend; k++) {
+    while (!(s->coll == COLL_SEND && s->peer == comm->rank))
+      s = s->next;
+    while (!(r->coll == COLL_RECV && r->peer == comm->rank))
+      r = r->next;
+    if (s->count != r->count || s->dtype != r->dtype)
+      return err_set(ncclInvalidUsage,
+                     "rank %d sends %zu x %s to itself but receives %zu x %s from itself: counts and datatypes "
+                     "must match",
+                     comm->rank, s->count, dtype_name(s->dtype), r->count, dtype_name(r->dtype));
+    if (r->recvbuff != s->sendbuff && s->count > 0)
+      memmove(r->recvbuff, s->sendbuff, s->count * dtype_size(s->dtype));
+    s = s->next;
+    r = r->next;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t plan_comm(struct comm_plan *p) {
+  struct ncclComm *comm = p->comm;
+  p->nlanes = comm->nchannels + 2 * comm->nranks;
+  CHECK(UTIL_CALLOC(&p->lanes, p->nlanes, "lanes"));
+  CHECK(run_self(comm));
+  for (struct task *t = comm->tasks_head; t; t = t->next) {
+    if (t->coll == COLL_SEND || t->coll == COLL_RECV) {
+      if (t->peer != comm->rank && t->count > 0)
+        CHECK(plan_p2p(p, t));
+      continue;
+    }
+    /* Every rank numbers every collective, empty ones too, so a rank that
+     * skipped one is caught by the next. */
+    uint64_t seq = comm->coll_seq++;
+    if (t->count > 0)
+      CHECK(plan_collective(p, t, seq));
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t progress_conn(struct conn *c) {
+  return (c && c->tr->progress) ? c->tr->progress(c) : ncclSuccess;
+}
+
+static ncclResult_t check_conn(struct conn *c) { return (c && c->tr->check) ? c->tr->check(c) : ncclSuccess; }
+
+static void fail_context(const struct work *w, const char *what) {
+  char desc[200];
+  task_describe(w->task, desc, sizeof desc);
+  if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
+    err_context("rank %d, %s%s", w->send ? w->send->comm->rank : w->recv->comm->rank, desc, what);
+  else
+    err_context("rank %d, %s #%llu%s", w->send ? w->send->comm->rank : w->recv->comm->rank, desc,
+                (unsigned long long)w->seq, what);
+}
+
+/* Periodic checks while nothing moves: abort, dead peers, the timeout. */
+static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_ns) {
+  for (int i = 0; i < n; i++) {
+    struct comm_plan *p = &plans[i];
+    if (p->comm->abort_flag)
+      return err_set(ncclInvalidUsage, "rank %d: the communicator was aborted during the operation", p->comm->rank);
+    for (int l = 0; l < p->nlanes; l++) {
+      struct work *w = p->lanes[l].head;
+      if (!w)
+        continue;
+      ncclResult_t r = check_conn(w->recv);
+      if (r == ncclSuccess)
+        r = check_conn(w->send);
+      if (r != ncclSuccess) {
+        fail_context(w, "");
+        return r;
+      }
+      if (idle_ns >= (uint64_t)timeout_seconds() * 1000000000ull) {
+        char wait[256];
+        exec_describe_wait(w, wait, sizeof wait);
+        r = err_set(ncclRemoteError, "no progress for LOOM_TIMEOUT=%llds while waiting for %s",
+                    (long long)timeout_seconds(), wait);
+        fail_context(w, "");
+        return r;
+      }
+    }
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t run(struct comm_plan *plans, int n) {
+  struct waiter wt;
+  wait_reset(&wt);
+  uint64_t last_moved = time_ns(), next_check = last_moved + 100000000ull;
+  for (;;) {
+    int moved = 0, active = 0;
+    for (int i = 0; i < n; i++) {
+      struct comm_plan *p = &plans[i];
+      for (int l = 0; l < p->nlanes; l++) {
+        struct lane *lane = &p->lanes[l];
+        while (lane->head) {
+          struct work *w = lane->head;
+          int done = 0;
+          ncclResult_t r = progress_conn(w->recv);
+          if (r == ncclSuccess)
+            r = exec_progress(w, &moved, &done);
+          if (r == ncclSuccess)
+            r = progress_conn(w->send);
+          if (r != ncclSuccess) {
+            fail_context(w, "");
+            return r;
+          }
+          if (!done || !exec_flushed(w))
+            break;
+          lane->head = w->next;
+          if (!lane->head)
+            lane->tail = NULL;
+          work_free(w);
+          moved = 1;
+        }
+        active += lane->head != NULL;
+      }
+    }
+    if (!active)
+      return ncclSuccess;
+    if (moved) {
+      wait_reset(&wt);
+      last_moved = 0;
+      continue;
+    }
+    uint64_t now = time_ns();
+    if (last_moved == 0)
+      last_moved = now;
+    if (now >= next_check) {
+      next_check = now + 100000000ull;
+      CHECK(check_stalled(plans, n, now - last_moved));
+    }
+    wait_pause(&wt);
+  }
+}
+
+static void plans_free(struct comm_plan *plans, int n) {
+  for (int i = 0; i < n; i++) {
+    for (int l = 0; l < plans[i].nlanes; l++)
+      for (struct work *w = plans[i].lanes[l].head, *nx; w; w = nx) {
+        nx = w->next;
+        work_free(w);
+      }
+    free(plans[i].lanes);
+  }
+  free(plans);
+}
+
+ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
+  struct comm_plan *plans;
+  CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
+  ncclResult_t r = ncclSuccess;
+  for (int i = 0; i < ncomms && r == ncclSuccess; i++) {
+    plans[i].comm = comms[i];
+    log_set_rank(comms[i]->rank);
+    r = plan_comm(&plans[i]);
+  }
+  if (r == ncclSuccess)
+    r = transport_connect_pending(comms, ncomms);
+  if (r == ncclSuccess)
+    r = run(plans, ncomms);
+  plans_free(plans, ncomms);
+  return r;
+}

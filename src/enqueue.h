@@ -1,0 +1,44 @@
+/*
+ * Tasks: the calls a thread made, queued until its group ends, and the
+ * launch that turns them into schedules and runs them.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_ENQUEUE_H
+#define LOOM_ENQUEUE_H
+
+#include "comm.h"
+#include "exec/reduce.h"
+
+enum coll_kind {
+  COLL_BROADCAST = 0,
+  COLL_REDUCE = 1,
+  COLL_ALLGATHER = 2,
+  COLL_REDUCESCATTER = 3,
+  COLL_ALLREDUCE = 4,
+  COLL_SEND = 5,
+  COLL_RECV = 6,
+  COLL_COUNT
+};
+
+const char *coll_name(int coll);
+
+struct task {
+  int coll;
+  const void *sendbuff;
+  void *recvbuff;
+  size_t count;    /* as the API call's count argument */
+  int dtype;
+  int op;          /* ncclRedOp_t as given */
+  int root;        /* Broadcast, Reduce */
+  int peer;        /* Send, Recv */
+  struct red_op red;
+  struct task *next;
+};
+
+/* Runs the tasks queued on these communicators (the end of a group). */
+ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms);
+
+/* Describes a task in a sentence fragment, for error messages. */
+void task_describe(const struct task *t, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "comm.h"
+#include "exec/host_exec.h"
+#include "exec/dtype.h"
+#include "exec/reduce.h"
+#include "transport/transport.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+static uint8_t op_code(const struct task *t) {
+  if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER || t->coll == COLL_SEND || t->coll == COLL_RECV)
+    return 0;
+  return t->op < ncclNumOps ? (uint8_t)t->op : (uint8_t)ncclNumOps;
+}
+
+static const char *op_label(int code) {
+  static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  return code >= 0 && code <= ncclNumOps ? names[code] : "?";
+}
+
+static void describe_hdr(const struct slot_hdr *h, char *buf, size_t len) {
+  int coll = h->coll;
+  int n = snprintf(buf, len, "%s(count %llu, %s", coll_name(coll), (unsigned long long)h->count,
+                   dtype_name(h->dtype));
+  if (coll == COLL_REDUCE || coll == COLL_ALLREDUCE || coll == COLL_REDUCESCATTER)
+    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", %s", op_label(h->op));
+  if (coll == COLL_REDUCE || coll == COLL_BROADCAST)
+    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", root %d", h->root);
+  snprintf(buf + n, len > (size_t)n ? len - n : 0, ")");
+}
+
+static void fill_hdr(const struct work *w, struct slot_hdr *h, size_t bytes) {
+  const struct task *t = w->task;
+  h->count = t->count;
+  h->bytes = (uint32_t)bytes;
+  h->coll = (uint8_t)t->coll;
+  h->dtype = (uint8_t)t->dtype;
+  h->op = op_code(t);
+  h->root = (t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) ? t->root : -1;
+  h->sender = (uint32_t)w->send->comm->rank;
+  h->seq = w->seq;
+}
+
+/* The receiver compares what the sender wrote with its own call: the
+ * first slot of a mismatched call names the disagreement instead of
+ * corrupting data or hanging. */
+static ncclResult_t check_hdr(const struct work *w, const struct slot_hdr *h, size_t bytes) {
+  struct slot_hdr mine;
+  const struct task *t = w->task;
+  mine.count = t->count;
+  mine.coll = (uint8_t)(t->coll == COLL_RECV ? COLL_SEND : t->coll);
+  mine.dtype = (uint8_t)t->dtype;
+  mine.op = op_code(t);
+  mine.root = (t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) ? t->root : -1;
+  int p2p = t->coll == COLL_RECV;
+  if (h->coll == mine.coll && h->dtype == mine.dtype && h->count == mine.count && h->op == mine.op &&
+      h->root == mine.root && (p2p || h->seq == w->seq) && h->bytes == bytes)
+    return ncclSuccess;
+  char theirs[160], ours[160];
+  describe_hdr(h, theirs, sizeof theirs);
+  int me = w->recv->comm->rank;
+  if (p2p) {
+    mine.coll = COLL_RECV;
+    describe_hdr(&mine, ours, sizeof ours);
+    return err_set(ncclInvalidUsage,
+                   "rank %d posted %s from rank %d, but rank %d's matching call is %s: send and receive must "
+                   "have the same count and datatype",
+                   me, ours, w->recv->peer, (int)h->sender, theirs);
+  }
+  describe_hdr(&mine, ours, sizeof ours);
+  if (h->seq != w->seq && h->coll == mine.coll && h->count == mine.count && h->dtype == mine.dtype)
+    return err_set(ncclInvalidUsage,
+                   "rank %d is in collective #%llu %s but rank %d sent data for its collective #%llu: the ranks "
+                   "called a different number of collectives",
+                   me, (unsigned long long)w->seq, ours, (int)h->sender, (unsigned long long)h->seq);
+  return err_set(ncclInvalidUsage,
+                 "rank %d called %s as collective #%llu but rank %d called %s: every rank must make the same "
+                 "collective calls with the same arguments",
+                 me, ours, (unsigned long long)w->seq, (int)h->sender, theirs);
+}
+
+/* One slot's worth of the current step, if its FIFOs allow it now. */
+static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
+  int recv = step_recvs(st->kind), send = step_sends(st->kind);
+  struct conn *rc = w->recv, *sc = w->send;
+  if (recv && atomic_load_explicit(rc->fifo.tail, memory_order_acquire) <= rc->step)
+    return ncclSuccess;
+  if (send && sc->step - atomic_load_explicit(sc->fifo.head, memory_order_acquire) >= NCCL_STEPS)
+    return ncclSuccess;
+  size_t n = LOOM_MIN(w->piece, st->nelem - w->step_off);
+  size_t bytes = n * w->esize;
+  const char *in = NULL;
+  if (recv) {
+    CHECK(check_hdr(w, fifo_hdr(&rc->fifo, rc->step), bytes));
+    in = fifo_data(&rc->fifo, rc->step);
+  }
+  char *out = send ? fifo_data(&sc->fifo, sc->step) : NULL;
+  const char *src = w->src ? w->src + (st->src_off + w->step_off) * w->esize : NULL;
+  char *dst = w->dst ? w->dst + (st->dst_off + w->step_off) * w->esize : NULL;
+  const struct red_op *op = &w->task->red;
+  int final = st->flags & STEP_FINAL;
+  /* Where the local input enters a reduction alone, PreMulSum and Avg
+   * still have to be applied to it. */
+  int transform = op->premul || (final && op->postdiv);
+  switch (st->kind) {
+  case STEP_SEND:
+    if (transform)
+      red_copy(op, out, NULL, src, n, final);
+    else
+      memcpy(out, src, bytes);
+    break;
+  case STEP_RECV:
+    memcpy(dst, in, bytes);
+    break;
+  case STEP_COPY_SEND:
+    memcpy(out, src, bytes);
+    if (dst != src)
+      memcpy(dst, src, bytes);
+    break;
+  case STEP_RECV_COPY_SEND:
+    memcpy(out, in, bytes);
+    memcpy(dst, in, bytes);
+    break;
+  case STEP_RECV_REDUCE_SEND:
+    red_reduce(op, out, NULL, in, src, n, 0);
+    break;
+  case STEP_RECV_REDUCE_COPY:
+    red_reduce(op, dst, NULL, in, src, n, final);
+    break;
+  case STEP_RECV_REDUCE_COPY_SEND:
+    red_reduce(op, dst, out, in, src, n, final);
+    break;
+  case STEP_COPY:
+    if (transform)
+      red_copy(op, dst, NULL, src, n, final);
+    else if (dst != src)
+      memcpy(dst, src, bytes);
+    break;
+  default:
+    return err_set(ncclInternalError, "unknown step kind %d", st->kind);
+  }
+  if (send) {
+    fill_hdr(w, fifo_hdr(&sc->fifo, sc->step), bytes);
+    atomic_store_explicit(sc->fifo.tail, ++sc->step, memory_order_release);
+  }
+  if (recv)
+    atomic_store_explicit(rc->fifo.head, ++rc->step, memory_order_release);
+  w->step_off += n;
+  *moved = 1;
+  return ncclSuccess;
+}
+
+ncclResult_t exec_progress(struct work *w, int *moved, int *done) {
+  *done = 0;
+  while (w->step < w->sched.nsteps) {
+    const struct step *st = &w->sched.steps[w->step];
+    int m = 0;
+    CHECK(piece(w, st, &m));
+    if (!m)
+      return ncclSuccess;
+    *moved = 1;
+    if (w->step_off == st->nelem) {
+      w->step++;
+      w->step_off = 0;
+    }
+  }
+  *done = 1;
+  return ncclSuccess;
+}
+
+int exec_flushed(const struct work *w) { return w->send == NULL || w->send->tr->flushed(w->send); }
+
+void exec_describe_wait(const struct work *w, char *buf, size_t len) {
+  if (w->step >= w->sched.nsteps) {
+    snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", w->send ? w->send->peer : -1,
+             w->sched.nsteps);
+    return;
+  }
+  const struct step *st = &w->sched.steps[w->step];
+  int recv = step_recvs(st->kind);
+  int blocked_on_recv = recv && atomic_load(w->recv->fifo.tail) <= w->recv->step;
+  const struct conn *c = blocked_on_recv ? w->recv : w->send;
+  snprintf(buf, len, "%s rank %d (%s) at step %d of %d (%s), FIFO slot %llu",
+           blocked_on_recv ? "data from" : "a free slot at", c ? c->peer : -1,
+           c ? c->comm->peers[c->peer].hostname : "?", w->step + 1, w->sched.nsteps, step_name(st->kind),
+           (unsigned long long)(c ? c->step : 0));
+}

@@ -1,0 +1,44 @@
+/*
+ * The host executor: walks a schedule's steps on the calling thread,
+ * moving one FIFO slot at a time and never blocking, so that one thread can
+ * drive every operation of a group (all channels, all peers, several
+ * communicators) and a wait can be bounded and explained.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_HOST_EXEC_H
+#define LOOM_HOST_EXEC_H
+
+#include <stdint.h>
+
+#include "algorithms/schedule.h"
+#include "enqueue.h"
+
+struct conn;
+
+struct work {
+  struct task *task;
+  int channel;
+  struct schedule sched;
+  struct conn *send, *recv;
+  const char *src;
+  char *dst;
+  size_t esize;
+  size_t piece;      /* elements per slot */
+  int step;          /* index of the current step */
+  uint64_t step_off; /* elements of the current step already moved */
+  uint64_t seq;      /* the collective's number on its communicator */
+  struct work *next;
+};
+
+/* Moves what can be moved now. *moved tells whether anything did; *done
+ * whether the work has finished all its steps (net sends may still be
+ * leaving: see exec_flushed). */
+ncclResult_t exec_progress(struct work *w, int *moved, int *done);
+
+/* Whether everything this work posted has left the process. */
+int exec_flushed(const struct work *w);
+
+/* A sentence fragment saying what the work waits for, for timeouts. */
+void exec_describe_wait(const struct work *w, char *buf, size_t len);
+
+#endif

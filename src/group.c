@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "api.h"
+#include "group.h"
+#include "misc/utils.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static __thread int depth;
+static __thread struct ncclComm *comms_head;
+static __thread struct group_job *jobs_head, *jobs_tail;
+static __thread ncclResult_t first_error;
+static __thread char first_error_msg[LOOM_ERR_LEN];
+
+int group_depth(void) { return depth; }
+
+void group_record_error(ncclResult_t res) {
+  if (depth > 0 && first_error == ncclSuccess) {
+    first_error = res;
+    snprintf(first_error_msg, sizeof first_error_msg, "%s", err_thread_last());
+  }
+}
+
+static void free_tasks(struct ncclComm *comm) {
+  for (struct task *t = comm->tasks_head, *n; t; t = n) {
+    n = t->next;
+    free(t);
+  }
+  comm->tasks_head = comm->tasks_tail = NULL;
+}
+
+static ncclResult_t launch(struct ncclComm *list) {
+  int n = 0;
+  for (struct ncclComm *c = list; c; c = c->group_next)
+    n++;
+  if (n == 0)
+    return ncclSuccess;
+  struct ncclComm **comms;
+  CHECK(UTIL_CALLOC(&comms, n, "group communicators"));
+  n = 0;
+  for (struct ncclComm *c = list; c; c = c->group_next)
+    comms[n++] = c;
+  ncclResult_t r = enqueue_launch(comms, n);
+  int rank = log_get_rank();
+  for (int i = 0; i < n; i++) {
+    if (r != ncclSuccess)
+      comm_set_error(comms[i], r);
+    free_tasks(comms[i]);
+    comms[i]->in_group = 0;
+    comms[i]->group_next = NULL;
+  }
+  log_set_rank(rank);
+  free(comms);
+  return r;
+}
+
+ncclResult_t group_enqueue(struct ncclComm *comm, const struct task *t) {
+  struct task *copy = malloc(sizeof *copy);
+  if (!copy)
+    return err_set(ncclSystemError, "out of memory queueing an operation");
+  *copy = *t;
+  copy->next = NULL;
+  if (comm->tasks_tail)
+    comm->tasks_tail->next = copy;
+  else
+    comm->tasks_head = copy;
+  comm->tasks_tail = copy;
+  if (!comm->in_group) {
+    comm->in_group = 1;
+    comm->group_next = comms_head;
+    comms_head = comm;
+  }
+  if (depth > 0)
+    return ncclSuccess;
+  struct ncclComm *list = comms_head;
+  comms_head = NULL;
+  return launch(list);
+}
+
+ncclResult_t group_add_job(struct group_job *job) {
+  job->next = NULL;
+  if (jobs_tail)
+    jobs_tail->next = job;
+  else
+    jobs_head = job;
+  jobs_tail = job;
+  return ncclSuccess;
+}
+
+static void *job_thread(void *arg) {
+  struct group_job *job = arg;
+  job->result = job->fn(job);
+  if (job->result != ncclSuccess)
+    api_finish(job->comm, job->result);
+  return NULL;
+}
+
+/* Runs the group's communicator creations concurrently and returns the
+ * first failure; each job owns its own memory. */
+static ncclResult_t run_jobs(struct group_job *list) {
+  int n = 0;
+  for (struct group_job *j = list; j; j = j->next)
+    n++;
+  if (n == 0)
+    return ncclSuccess;
+  pthread_t *threads = calloc(n, sizeof *threads);
+  if (!threads)
+    return err_set(ncclSystemError, "out of memory starting %d communicator creations", n);
+  int i = 0;
+  for (struct group_job *j = list; j; j = j->next, i++) {
+    int rc = pthread_create(&threads[i], NULL, job_thread, j);
+    if (rc != 0) {
+      j->result = err_set(ncclSystemError, "cannot start a thread to create a communicator: %s", strerror(rc));
+      api_finish(j->comm, j->result);
+      threads[i] = 0;
+    }
+  }
+  ncclResult_t first = ncclSuccess;
+  i = 0;
+  for (struct group_job *j = list, *nx; j; j = nx, i++) {
+    nx = j->next;
+    if (threads[i])
+      pthread_join(threads[i], NULL);
+    if (j->result != ncclSuccess && first == ncclSuccess) {
+      first = j->result;
+      err_set(first, "%s", j->comm ? j->comm->last_error : "communicator creation failed");
+    }
+    free(j);
+  }
+  free(threads);
+  return first;
+}
+
+NCCL_API(ncclResult_t, ncclGroupStart, void) {
+  if (depth == 0) {
+    first_error = ncclSuccess;
+    first_error_msg[0] = '\0';
+  }
+  depth++;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGroupEnd, void) {
+  if (depth == 0)
+    return api_finish(NULL, err_set(ncclInvalidUsage, "ncclGroupEnd called without a matching ncclGroupStart"));
+  if (--depth > 0)
+    return ncclSuccess;
+  struct group_job *jobs = jobs_head;
+  jobs_head = jobs_tail = NULL;
+  struct ncclComm *list = comms_head;
+  comms_head = NULL;
+  ncclResult_t r = run_jobs(jobs);
+  if (r == ncclSuccess && first_error != ncclSuccess)
+    r = err_set(first_error, "an operation in this group failed, so the group ran nothing: %s", first_error_msg);
+  if (r != ncclSuccess) {
+    for (struct ncclComm *c = list, *n; c; c = n) {
+      n = c->group_next;
+      free_tasks(c);
+      c->in_group = 0;
+      c->group_next = NULL;
+    }
+    first_error = ncclSuccess;
+    return api_finish(NULL, r);
+  }
+  struct ncclComm *first = list;
+  r = launch(list);
+  return api_finish(r == ncclSuccess ? NULL : first, r);
+}
+
+/* Without a tuning model there is nothing to simulate with; the group is
+ * closed without running, as a simulation would leave it. */
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo) {
+  if (depth == 0)
+    return api_finish(NULL, err_set(ncclInvalidUsage, "ncclGroupSimulateEnd called without a matching ncclGroupStart"));
+  if (--depth == 0) {
+    for (struct ncclComm *c = comms_head, *n; c; c = n) {
+      n = c->group_next;
+      free_tasks(c);
+      c->in_group = 0;
+      c->group_next = NULL;
+    }
+    comms_head = NULL;
+    ncclResult_t r = run_jobs(jobs_head);
+    jobs_head = jobs_tail = NULL;
+    if (r != ncclSuccess)
+      return api_finish(NULL, r);
+  }
+  return api_finish(NULL, err_set(ncclInvalidUsage,
+                                  "ncclGroupSimulateEnd is not implemented yet in Loom (it needs the tuning "
+                                  "model): the group was closed without running; use ncclGroupEnd"));
+}

@@ -1,0 +1,404 @@
+/*
+ * Creating communicators: ncclGetUniqueId, ncclCommInitRank(Config),
+ * ncclCommInitAll, ncclCommSplit. Every communicator in this build is a
+ * host communicator (buffers in host memory, stream NULL); CUDA
+ * communicators come with the CUDA executor.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "api.h"
+#include "bootstrap.h"
+#include "comm.h"
+#include "exec/reduce.h"
+#include "group.h"
+#include "misc/utils.h"
+#include "topology/topo.h"
+#include "transport/transport.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define CONFIG_MAGIC 0xcafebeefu
+
+static pthread_once_t banner_once = PTHREAD_ONCE_INIT;
+
+static void banner(void) {
+  log_msg(LOG_VERSION, LOG_INIT, "Loom %s (NCCL API %d.%d.%d), transports: %s, reductions: %s", LOOM_VERSION_STRING,
+          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, "shm net/socket", red_isa());
+}
+
+NCCL_API(ncclResult_t, ncclGetVersion, int *version) {
+  if (version == NULL)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclGetVersion: version is NULL"));
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId *uniqueId) {
+  if (uniqueId == NULL)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL"));
+  ncclResult_t r = param_check_all();
+  if (r == ncclSuccess)
+    r = bootstrap_get_unique_id(uniqueId);
+  return api_finish(NULL, r);
+}
+
+/* Reads the fields a config's `size` covers, so configs from programs
+ * built against older or newer NCCL headers both work. */
+static ncclResult_t read_config(const ncclConfig_t *in, ncclConfig_t *out) {
+  ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
+  *out = def;
+  if (in == NULL)
+    return ncclSuccess;
+  if (in->magic != CONFIG_MAGIC)
+    return err_set(ncclInvalidArgument,
+                   "config was not initialised with NCCL_CONFIG_INITIALIZER (magic 0x%x instead of 0x%x)", in->magic,
+                   CONFIG_MAGIC);
+  if (in->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || in->size > 4096)
+    return err_set(ncclInvalidArgument, "config.size %zu is not the size of any ncclConfig_t", in->size);
+  memcpy(out, in, LOOM_MIN(in->size, sizeof *out));
+  out->size = sizeof *out;
+  if (out->blocking != NCCL_CONFIG_UNDEF_INT && out->blocking != 0 && out->blocking != 1)
+    return err_set(ncclInvalidArgument, "config.blocking is %d; it must be 0 or 1", out->blocking);
+  if (out->blocking == 0)
+    return err_set(ncclInvalidUsage,
+                   "nonblocking communicators (config.blocking = 0) are not implemented yet in Loom; use blocking");
+  if (out->netName != NULL && strcasecmp(out->netName, "Socket") != 0)
+    return err_set(ncclInvalidArgument, "config.netName \"%s\" names no network plugin; the plugins are: Socket",
+                   out->netName);
+  return ncclSuccess;
+}
+
+static ncclResult_t comm_alloc(struct ncclComm **out) {
+  struct ncclComm *c;
+  CHECK(UTIL_CALLOC(&c, 1, "a communicator"));
+  c->magic = COMM_MAGIC;
+  c->rank = -1;
+  c->cuda_dev = -1;
+  c->is_host = 1;
+  *out = c;
+  return ncclSuccess;
+}
+
+static ncclResult_t check_peers(struct ncclComm *comm) {
+  const struct peer_info *me = &comm->peers[comm->rank];
+  for (int r = 0; r < comm->nranks; r++) {
+    const struct peer_info *p = &comm->peers[r];
+    if (p->buffsize != me->buffsize)
+      return err_set(ncclInvalidUsage,
+                     "NCCL_BUFFSIZE differs between ranks: rank %d (%s) uses %lld, rank %d (%s) uses %lld; set it "
+                     "the same everywhere",
+                     comm->rank, me->hostname, (long long)me->buffsize, r, p->hostname, (long long)p->buffsize);
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t alive_cb(void *ctx, int peer) { return transport_peer_alive(ctx, peer); }
+
+/* Opens a pidfd for each peer on this host, so waits notice its exit. */
+static void open_pidfds(struct ncclComm *comm) {
+  for (int r = 0; r < comm->nranks; r++) {
+    comm->peer_pidfd[r] = -1;
+    const struct peer_info *p = &comm->peers[r];
+    if (r == comm->rank || p->host_hash != comm->peers[comm->rank].host_hash || p->pid == (int)getpid())
+      continue;
+#ifdef SYS_pidfd_open
+    comm->peer_pidfd[r] = (int)syscall(SYS_pidfd_open, p->pid, 0);
+#endif
+  }
+}
+
+/* The whole of a rank's init once its communicator struct exists. */
+static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
+                              const ncclConfig_t *config) {
+  log_set_rank(rank);
+  pthread_once(&banner_once, banner);
+  topo_log_host();
+  CHECK(param_check_all());
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->blocking = 1;
+  comm->comm_hash = bootstrap_id_hash(id);
+  if (config->commName)
+    snprintf(comm->name, sizeof comm->name, "%s", config->commName);
+  comm->buffsize = (size_t)param_int(P_BUFFSIZE);
+  int want = (int)LOOM_MAX(param_int(P_MIN_NCHANNELS), LOOM_MIN(param_int(P_MAX_NCHANNELS), 1));
+  if (config->minCTAs != NCCL_CONFIG_UNDEF_INT && config->minCTAs > want)
+    want = LOOM_MIN(config->minCTAs, LOOM_MAX_CHANNELS);
+  if (config->maxCTAs != NCCL_CONFIG_UNDEF_INT && config->maxCTAs > 0 && config->maxCTAs < want)
+    want = config->maxCTAs;
+
+  if (bootstrap_id_is_fixed(id) && rank == 0)
+    CHECK(bootstrap_start_root(id));
+  CHECK(bootstrap_init(id, rank, nranks, &comm->abort_flag, &comm->boot));
+  comm->boot->alive = alive_cb;
+  comm->boot->alive_ctx = comm;
+
+  CHECK(UTIL_CALLOC(&comm->peers, nranks, "peer information"));
+  struct peer_info *me = &comm->peers[rank];
+  me->rank = rank;
+  me->pid = (int)getpid();
+  me->host_hash = topo_host_hash();
+  gethostname(me->hostname, sizeof me->hostname - 1);
+  me->buffsize = (int64_t)comm->buffsize;
+  me->shm_disabled = (int)param_int(P_SHM_DISABLE);
+  me->cuda_dev = -1;
+  me->nchannels_wanted = want;
+  CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
+  CHECK(check_peers(comm));
+  /* Channels must agree everywhere: take the fewest any rank asked for. */
+  comm->nchannels = LOOM_MAX_CHANNELS;
+  for (int r = 0; r < nranks; r++)
+    comm->nchannels = LOOM_MIN(comm->nchannels, comm->peers[r].nchannels_wanted);
+  CHECK(UTIL_CALLOC(&comm->p2p_send, nranks, "p2p connections"));
+  CHECK(UTIL_CALLOC(&comm->p2p_recv, nranks, "p2p connections"));
+  CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));
+  open_pidfds(comm);
+  CHECK(topo_build_rings(comm));
+  INFO(LOG_INIT, "comm %p rank %d nranks %d host communicator, %d channel(s), buffsize %zu - Init COMPLETE",
+       (void *)comm, rank, nranks, comm->nchannels, comm->buffsize);
+  return ncclSuccess;
+}
+
+static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const ncclUniqueId *id) {
+  if (out == NULL)
+    return err_set(ncclInvalidArgument, "ncclCommInitRank: the comm pointer is NULL");
+  if (nranks < 1)
+    return err_set(ncclInvalidArgument, "ncclCommInitRank: nranks is %d; it must be at least 1", nranks);
+  if (rank < 0 || rank >= nranks)
+    return err_set(ncclInvalidArgument, "ncclCommInitRank: rank %d is out of range for nranks %d", rank, nranks);
+  if (!bootstrap_id_valid(id))
+    return err_set(ncclInvalidArgument,
+                   "ncclCommInitRank: the unique id was not made by ncclGetUniqueId (or was corrupted on the way)");
+  return ncclSuccess;
+}
+
+struct init_job {
+  struct group_job base;
+  int nranks, rank;
+  ncclUniqueId id;
+  ncclConfig_t config;
+};
+
+static ncclResult_t init_job_run(struct group_job *job) {
+  struct init_job *j = (struct init_job *)job;
+  ncclResult_t r = comm_init(j->base.comm, j->nranks, &j->id, j->rank, &j->config);
+  if (r != ncclSuccess)
+    comm_set_error(j->base.comm, r);
+  return r;
+}
+
+/* Creates the communicator now, or at the end of the current group. */
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                              const ncclConfig_t *config_in) {
+  if (out)
+    *out = NULL;
+  CHECK(check_init_args(out, nranks, rank, id));
+  ncclConfig_t config;
+  CHECK(read_config(config_in, &config));
+  struct ncclComm *comm;
+  CHECK(comm_alloc(&comm));
+  if (group_depth() > 0) {
+    struct init_job *j = calloc(1, sizeof *j);
+    if (!j) {
+      free(comm);
+      return err_set(ncclSystemError, "out of memory queueing a communicator creation");
+    }
+    j->base.fn = init_job_run;
+    j->base.comm = comm;
+    j->nranks = nranks;
+    j->rank = rank;
+    j->id = *id;
+    j->config = config;
+    *out = comm;
+    return group_add_job(&j->base);
+  }
+  ncclResult_t r = comm_init(comm, nranks, id, rank, &config);
+  if (r != ncclSuccess) {
+    char msg[LOOM_ERR_LEN];
+    snprintf(msg, sizeof msg, "%s", err_thread_last());
+    comm_destroy_all(comm);
+    err_set(r, "%s", msg);
+    return r;
+  }
+  *out = comm;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+         ncclConfig_t *config) {
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config));
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL));
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
+         ncclUniqueId *commIds, ncclConfig_t *config) {
+  if (commIds == NULL || nId < 1)
+    return api_finish(NULL, err_set(ncclInvalidArgument,
+                                    "ncclCommInitRankScalable: commIds is NULL or nId (%d) is less than 1", nId));
+  if (nId > 1)
+    return api_finish(NULL, err_set(ncclInvalidUsage,
+                                    "ncclCommInitRankScalable with %d unique ids is not implemented yet in Loom; "
+                                    "pass nId = 1",
+                                    nId));
+  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config));
+}
+
+/* Several ranks in one process: one thread per rank, as a group does. */
+NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *devlist) {
+  if (comms == NULL)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommInitAll: comms is NULL"));
+  if (ndev < 1)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommInitAll: ndev is %d; it must be at least 1", ndev));
+  ncclUniqueId id;
+  ncclResult_t r = param_check_all();
+  if (r == ncclSuccess)
+    r = bootstrap_create_root_id(&id);
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
+  ncclGroupStart();
+  for (int i = 0; i < ndev && r == ncclSuccess; i++)
+    r = init_rank(&comms[i], ndev, &id, i, NULL);
+  if (r != ncclSuccess)
+    group_record_error(r);
+  ncclResult_t e = ncclGroupEnd();
+  if (r == ncclSuccess)
+    r = e;
+  if (r != ncclSuccess) {
+    for (int i = 0; i < ndev; i++) {
+      if (comms[i])
+        comm_destroy_all(comms[i]);
+      comms[i] = NULL;
+    }
+  }
+  return api_finish(NULL, r);
+}
+
+/* ---- split ---- */
+
+struct split_job {
+  struct group_job base;
+  struct ncclComm *parent;
+  int color, key;
+  ncclComm_t *newcomm;
+  ncclConfig_t config;
+};
+
+struct split_info {
+  int32_t color, key;
+  ncclUniqueId id; /* from the lowest member of each colour */
+};
+
+static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const ncclConfig_t *config,
+                              struct ncclComm *child) {
+  int n = parent->nranks;
+  struct split_info *all;
+  CHECK(UTIL_CALLOC(&all, n, "split information"));
+  ncclResult_t r;
+  all[parent->rank].color = color;
+  all[parent->rank].key = key;
+  CHECK_GOTO(bootstrap_allgather(parent->boot, all, sizeof *all), r, out);
+  /* New rank: position among the same colour ordered by (key, old rank). */
+  int newrank = 0, newn = 0, leader = -1;
+  for (int i = 0; i < n; i++) {
+    if (color == NCCL_SPLIT_NOCOLOR || all[i].color != color)
+      continue;
+    newn++;
+    if (all[i].key < key || (all[i].key == key && i < parent->rank))
+      newrank++;
+    if (leader < 0 || all[i].key < all[leader].key)
+      leader = i;
+  }
+  memset(all, 0, sizeof *all * n);
+  all[parent->rank].color = color;
+  if (color != NCCL_SPLIT_NOCOLOR && leader == parent->rank)
+    CHECK_GOTO(bootstrap_create_root_id(&all[parent->rank].id), r, out);
+  CHECK_GOTO(bootstrap_allgather(parent->boot, all, sizeof *all), r, out);
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    r = ncclSuccess;
+    goto out;
+  }
+  INFO(LOG_INIT, "split: rank %d color %d key %d -> rank %d of %d", parent->rank, color, key, newrank, newn);
+  r = comm_init(child, newn, &all[leader].id, newrank, config);
+out:
+  free(all);
+  return r;
+}
+
+static ncclResult_t split_job_run(struct group_job *job) {
+  struct split_job *j = (struct split_job *)job;
+  ncclResult_t r = split_run(j->parent, j->color, j->key, &j->config, j->base.comm);
+  if (r != ncclSuccess) {
+    comm_set_error(j->base.comm, r);
+  } else if (j->color == NCCL_SPLIT_NOCOLOR) {
+    free(j->base.comm);
+    j->base.comm = NULL;
+    *j->newcomm = NULL;
+  }
+  return r;
+}
+
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+         ncclConfig_t *config) {
+  ncclResult_t r = comm_check(comm, "ncclCommSplit");
+  if (r != ncclSuccess)
+    return api_finish(comm, r);
+  if (newcomm == NULL)
+    return api_finish(comm, err_set(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL"));
+  *newcomm = NULL;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return api_finish(comm, err_set(ncclInvalidArgument,
+                                    "ncclCommSplit: color %d is negative; use NCCL_SPLIT_NOCOLOR (-1) to opt out",
+                                    color));
+  ncclConfig_t cfg;
+  if (config) {
+    r = read_config(config, &cfg);
+    if (r != ncclSuccess)
+      return api_finish(comm, r);
+  } else {
+    ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
+    cfg = def;
+    if (comm->name[0])
+      cfg.commName = NULL;
+  }
+  struct ncclComm *child;
+  r = comm_alloc(&child);
+  if (r != ncclSuccess)
+    return api_finish(comm, r);
+  if (group_depth() > 0) {
+    struct split_job *j = calloc(1, sizeof *j);
+    if (!j) {
+      free(child);
+      return api_finish(comm, err_set(ncclSystemError, "out of memory queueing ncclCommSplit"));
+    }
+    j->base.fn = split_job_run;
+    j->base.comm = child;
+    j->parent = comm;
+    j->color = color;
+    j->key = key;
+    j->newcomm = newcomm;
+    j->config = cfg;
+    *newcomm = child;
+    return api_finish(comm, group_add_job(&j->base));
+  }
+  log_set_rank(comm->rank);
+  r = split_run(comm, color, key, &cfg, child);
+  if (r != ncclSuccess || color == NCCL_SPLIT_NOCOLOR) {
+    char msg[LOOM_ERR_LEN];
+    snprintf(msg, sizeof msg, "%s", err_thread_last());
+    comm_destroy_all(child);
+    if (r != ncclSuccess)
+      err_set(r, "%s", msg);
+    return api_finish(comm, r);
+  }
+  *newcomm = child;
+  return ncclSuccess;
+}

@@ -1,0 +1,43 @@
+/*
+ * The environment parameter table (params.def): typed accessors, and one
+ * check that init runs so that a bad value is refused with a sentence.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_PARAM_H
+#define LOOM_PARAM_H
+
+#include <stdint.h>
+
+#include "nccl.h"
+
+enum param_id {
+#define PARAM(id, name, type, def, min, max, help) P_##id,
+#include "misc/params.def"
+#undef PARAM
+  P_COUNT
+};
+
+struct param_desc {
+  const char *name;
+  int type; /* PARAM_INT, PARAM_BOOL, PARAM_STR */
+  const char *def;
+  int64_t min, max;
+  const char *help;
+};
+
+enum { PARAM_INT, PARAM_BOOL, PARAM_STR };
+
+const struct param_desc *param_desc(enum param_id id);
+
+/* The value if it is set and valid, else the default. */
+int64_t param_int(enum param_id id);
+/* The value if set and not empty, else the default (never NULL). */
+const char *param_str(enum param_id id);
+/* Whether the variable is set to a non-empty value. */
+int param_is_set(enum param_id id);
+
+/* Validates every numeric parameter that is set; returns
+ * ncclInvalidArgument with a sentence naming the first bad one. */
+ncclResult_t param_check_all(void);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * TCP sockets for the bootstrap and the socket net plugin: addresses,
+ * interface choice (NCCL_SOCKET_IFNAME with NCCL's ^ and = syntax,
+ * NCCL_SOCKET_FAMILY), and blocking calls bounded by a deadline.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_SOCKET_H
+#define LOOM_SOCKET_H
+
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "nccl.h"
+
+union sock_addr {
+  struct sockaddr sa;
+  struct sockaddr_in sin;
+  struct sockaddr_in6 sin6;
+};
+
+struct sock_iface {
+  char name[IF_NAMESIZE];
+  union sock_addr addr;
+};
+
+#define SOCK_MAX_IFACES 16
+#define SOCK_ADDR_STRLEN 64
+
+/* Whether interface `name` is selected by an NCCL_SOCKET_IFNAME expression. */
+int sock_ifname_match(const char *spec, const char *name);
+
+/* The interfaces to use, best first: those NCCL_SOCKET_IFNAME selects, or
+ * by default the up interfaces that are neither loopback nor docker, and
+ * loopback when there is nothing else. An expression that selects nothing
+ * is an error that names the interfaces there are. */
+ncclResult_t sock_find_interfaces(struct sock_iface *out, int max, int *count);
+
+/* "a.b.c.d:port", "[v6]:port" or "hostname:port". */
+ncclResult_t sock_parse_addr(const char *s, union sock_addr *out);
+const char *sock_addr_str(const union sock_addr *a, char *buf, size_t len);
+socklen_t sock_addr_len(const union sock_addr *a);
+int sock_addr_port(const union sock_addr *a);
+
+/* Listens on `bind_addr` (port 0: the kernel chooses); `bound` gets the
+ * address peers should connect to. */
+ncclResult_t sock_listen(const union sock_addr *bind_addr, int *fd, union sock_addr *bound);
+
+/* Connects, retrying refused connections until `deadline` when
+ * `retry_refused` (the listener may not be up yet). `what` names the peer
+ * in error messages ("bootstrap root", "rank 3"). */
+ncclResult_t sock_connect(const union sock_addr *addr, uint64_t deadline, int retry_refused,
+                          const char *what, int *fd);
+
+/* Waits for a connection until `deadline`; returns ncclInProgress when the
+ * deadline passes with none (the caller decides whether that is an error). */
+ncclResult_t sock_accept(int listen_fd, uint64_t deadline, int *fd);
+
+ncclResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline, const char *what);
+ncclResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline, const char *what);
+
+void sock_set_nonblocking(int fd);
+void sock_set_nodelay(int fd);
+
+#endif

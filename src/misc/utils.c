@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "misc/utils.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+uint64_t time_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int64_t timeout_seconds(void) { return param_int(P_TIMEOUT); }
+
+uint64_t deadline_from_timeout(void) { return time_ns() + (uint64_t)timeout_seconds() * 1000000000ull; }
+
+ncclResult_t util_random(void *buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = getrandom((char *)buf + got, len - got, 0);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return err_set(ncclSystemError, "getrandom failed: %s", strerror(errno));
+    }
+    got += (size_t)r;
+  }
+  return ncclSuccess;
+}
+
+/* FNV-1a: stable across processes and hosts, which is all it needs. */
+uint64_t util_hash(const void *data, size_t len, uint64_t seed) {
+  const unsigned char *p = data;
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  for (size_t i = 0; i < len; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t util_hash_str(const char *s, uint64_t seed) { return util_hash(s, strlen(s), seed); }
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+void wait_reset(struct waiter *w) {
+  w->spins = 0;
+  w->since_ns = 0;
+}
+
+/* More ranks than cores is normal on CPU hosts: after a short spin the
+ * waiter gives the core away, and after a while it sleeps so that the
+ * rank it waits for can run. */
+void wait_pause(struct waiter *w) {
+  w->spins++;
+  if (w->spins < 64) {
+    cpu_relax();
+    return;
+  }
+  if (w->since_ns == 0)
+    w->since_ns = time_ns();
+  if (w->spins < 2048 || time_ns() - w->since_ns < 2000000ull) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50000};
+  nanosleep(&ts, NULL);
+}
+
+ncclResult_t util_calloc(void **ptr, size_t n, size_t size, const char *what) {
+  *ptr = calloc(n ? n : 1, size ? size : 1);
+  if (*ptr == NULL)
+    return err_set(ncclSystemError, "out of memory allocating %zu bytes for %s", n * size, what);
+  return ncclSuccess;
+}

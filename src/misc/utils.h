@@ -1,0 +1,37 @@
+/*
+ * Small services: clocks and deadlines, randomness, hashing, waiting.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_UTILS_H
+#define LOOM_UTILS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+uint64_t time_ns(void);
+/* Now plus LOOM_TIMEOUT, the bound on any wait that sees no progress. */
+uint64_t deadline_from_timeout(void);
+int64_t timeout_seconds(void);
+
+/* 64 random bits from the kernel (getrandom), for secrets. */
+ncclResult_t util_random(void *buf, size_t len);
+
+uint64_t util_hash(const void *data, size_t len, uint64_t seed);
+uint64_t util_hash_str(const char *s, uint64_t seed);
+
+/* Spin, then yield, then sleep briefly: the state of one wait. Call
+ * wait_reset when progress is made. */
+struct waiter {
+  uint32_t spins;
+  uint64_t since_ns;
+};
+void wait_reset(struct waiter *w);
+void wait_pause(struct waiter *w);
+
+/* Allocation helpers that record a sentence on failure. */
+ncclResult_t util_calloc(void **ptr, size_t n, size_t size, const char *what);
+#define UTIL_CALLOC(pp, n, what) util_calloc((void **)(pp), (n), sizeof(**(pp)), (what))
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * Topology, as much as host communicators need so far: which ranks share a
+ * host, and rings that visit each host's ranks together.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_TOPO_H
+#define LOOM_TOPO_H
+
+#include <stdint.h>
+
+#include "nccl.h"
+
+struct ncclComm;
+
+/* Ranks with equal hashes share memory. A host is a kernel instance (boot
+ * id) and a network namespace: ranks in different namespaces are treated as
+ * different hosts, which is how tests emulate several hosts on one machine.
+ * NCCL_HOSTID overrides it. */
+uint64_t topo_host_hash(void);
+
+/* Fills every channel's ring: hosts in the order of their lowest rank, each
+ * host's ranks contiguous and in rank order, so that a ring crosses each
+ * host boundary once. Every rank computes the same rings. */
+ncclResult_t topo_build_rings(struct ncclComm *comm);
+
+/* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
+void topo_log_host(void);
+
+#endif

@@ -1,0 +1,216 @@
+/*
+ * The net transport: a connection's FIFO lives in local memory on each
+ * side, and the network plugin moves posted slots between them (isend of
+ * each slot the executor posts, irecv into each slot it frees). On host
+ * communicators the executor thread drives this progress itself between
+ * steps, so no proxy thread stands between the reduction and the wire.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "comm.h"
+#include "misc/utils.h"
+#include "transport/net.h"
+#include "transport/transport.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+struct net_priv {
+  const struct net_plugin *p;
+  int dev;
+  void *listen_comm, *comm;
+  char *mem;
+  size_t mem_size;
+  void *mhandle;
+  _Atomic uint64_t tail, head;
+  uint64_t posted; /* send: slots handed to isend; recv: slots given to irecv */
+  void *reqs[NCCL_STEPS];
+};
+
+static const struct net_plugin *plugin;
+static ncclResult_t plugin_status = ncclSuccess;
+static char plugin_error[LOOM_ERR_LEN];
+static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;
+
+static void plugin_load(void) {
+  const char *want = param_str(P_NET);
+  if (strcasecmp(want, "Socket") == 0) {
+    plugin = &net_socket_plugin;
+  } else if (strcasecmp(want, "IB") == 0) {
+    plugin_status = err_set(ncclInvalidUsage, "NCCL_NET=IB: the InfiniBand plugin is not implemented yet; use Socket");
+  } else {
+    plugin_status = err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; the plugins are: Socket", want);
+  }
+  if (plugin && (plugin_status = plugin->init()) == ncclSuccess)
+    INFO(LOG_NET | LOG_INIT, "using network plugin %s", plugin->name);
+  if (plugin_status != ncclSuccess)
+    snprintf(plugin_error, sizeof plugin_error, "%s", err_thread_last());
+}
+
+ncclResult_t net_get_plugin(const struct net_plugin **out) {
+  pthread_once(&plugin_once, plugin_load);
+  if (plugin_status != ncclSuccess)
+    return err_set(plugin_status, "%s", plugin_error);
+  *out = plugin;
+  return ncclSuccess;
+}
+
+static int net_can_connect(struct ncclComm *comm, int peer) { return 1; }
+
+static void context(struct conn *c) {
+  err_context("rank %d (%s) over NET/%s", c->peer, c->comm->peers[c->peer].hostname,
+              ((struct net_priv *)c->priv)->p->name);
+}
+
+static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
+  struct net_priv *np;
+  CHECK(UTIL_CALLOC(&np, 1, "net connection"));
+  c->priv = np;
+  CHECK(net_get_plugin(&np->p));
+  size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
+  size_t stride = SLOT_HDR_BYTES + capacity;
+  np->mem_size = NCCL_STEPS * stride;
+  if (posix_memalign((void **)&np->mem, 4096, np->mem_size) != 0)
+    return err_set(ncclSystemError, "out of memory for a %zu-byte network FIFO", np->mem_size);
+  c->fifo.base = np->mem;
+  c->fifo.capacity = capacity;
+  c->fifo.stride = stride;
+  c->fifo.tail = &np->tail;
+  c->fifo.head = &np->head;
+  if (c->dir == CONN_SEND) {
+    *len = 0;
+    return ncclSuccess;
+  }
+  ncclResult_t r = np->p->listen(np->dev, info, &np->listen_comm);
+  if (r != ncclSuccess) {
+    context(c);
+    return r;
+  }
+  *len = NET_HANDLE_MAXSIZE;
+  return ncclSuccess;
+}
+
+static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t len) {
+  struct net_priv *np = c->priv;
+  ncclResult_t r;
+  if (c->dir == CONN_SEND) {
+    if (len != NET_HANDLE_MAXSIZE)
+      return err_set(ncclInternalError, "net connection info from rank %d has %zu bytes", c->peer, len);
+    r = np->p->connect(np->dev, peer_info, &np->comm);
+  } else {
+    r = np->p->accept(np->listen_comm, &np->comm);
+    if (r == ncclSuccess) {
+      np->p->close_listen(np->listen_comm);
+      np->listen_comm = NULL;
+    }
+  }
+  if (r == ncclSuccess)
+    r = np->p->reg_mr(np->comm, np->mem, np->mem_size, &np->mhandle);
+  if (r != ncclSuccess && r != ncclInProgress)
+    context(c);
+  return r;
+}
+
+static ncclResult_t send_progress(struct conn *c, struct net_priv *np) {
+  uint64_t tail = atomic_load_explicit(&np->tail, memory_order_acquire);
+  while (np->posted < tail) {
+    struct slot_hdr *h = fifo_hdr(&c->fifo, np->posted);
+    void *req = NULL;
+    CHECK(np->p->isend(np->comm, h, SLOT_HDR_BYTES + h->bytes, np->mhandle, &req));
+    if (req == NULL)
+      break;
+    np->reqs[np->posted % NCCL_STEPS] = req;
+    np->posted++;
+  }
+  uint64_t head = atomic_load_explicit(&np->head, memory_order_relaxed);
+  while (head < np->posted) {
+    int done = 0;
+    CHECK(np->p->test(np->reqs[head % NCCL_STEPS], &done, NULL));
+    if (!done)
+      break;
+    atomic_store_explicit(&np->head, ++head, memory_order_release);
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
+  uint64_t head = atomic_load_explicit(&np->head, memory_order_acquire);
+  while (np->posted < head + NCCL_STEPS) {
+    void *req = NULL;
+    CHECK(np->p->irecv(np->comm, fifo_hdr(&c->fifo, np->posted), c->fifo.stride, np->mhandle, &req));
+    if (req == NULL)
+      break;
+    np->reqs[np->posted % NCCL_STEPS] = req;
+    np->posted++;
+  }
+  uint64_t tail = atomic_load_explicit(&np->tail, memory_order_relaxed);
+  while (tail < np->posted) {
+    int done = 0;
+    size_t size = 0;
+    CHECK(np->p->test(np->reqs[tail % NCCL_STEPS], &done, &size));
+    if (!done)
+      break;
+    if (size < SLOT_HDR_BYTES || size != SLOT_HDR_BYTES + fifo_hdr(&c->fifo, tail)->bytes)
+      return err_set(ncclRemoteError, "received a malformed %zu-byte slot", size);
+    atomic_store_explicit(&np->tail, ++tail, memory_order_release);
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t net_progress(struct conn *c) {
+  struct net_priv *np = c->priv;
+  if (np->comm == NULL)
+    return err_set(ncclRemoteError, "the connection is closed");
+  ncclResult_t r = c->dir == CONN_SEND ? send_progress(c, np) : recv_progress(c, np);
+  if (r != ncclSuccess)
+    context(c);
+  return r;
+}
+
+static int net_flushed(struct conn *c) {
+  struct net_priv *np = c->priv;
+  return atomic_load(&np->head) == atomic_load(&np->tail);
+}
+
+static ncclResult_t net_check(struct conn *c) { return transport_peer_alive(c->comm, c->peer); }
+
+/* Closing the socket is how the peer learns: its next read sees the end. */
+static void net_poison(struct conn *c) {
+  struct net_priv *np = c->priv;
+  if (!np || !np->comm)
+    return;
+  if (np->mhandle)
+    np->p->dereg_mr(np->comm, np->mhandle);
+  (c->dir == CONN_SEND ? np->p->close_send : np->p->close_recv)(np->comm);
+  np->comm = NULL;
+  np->mhandle = NULL;
+}
+
+static void net_free(struct conn *c) {
+  struct net_priv *np = c->priv;
+  if (!np)
+    return;
+  net_poison(c);
+  if (np->listen_comm)
+    np->p->close_listen(np->listen_comm);
+  free(np->mem);
+  free(np);
+  c->priv = NULL;
+}
+
+const struct transport transport_net = {
+    .size = sizeof(struct transport),
+    .version = TRANSPORT_VERSION,
+    .name = "net",
+    .can_connect = net_can_connect,
+    .setup = net_setup,
+    .connect = net_connect,
+    .progress = net_progress,
+    .flushed = net_flushed,
+    .check = net_check,
+    .poison = net_poison,
+    .free = net_free,
+};

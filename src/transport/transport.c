@@ -1,0 +1,178 @@
+/*
+ * Choosing a transport per peer and connecting: every connection created
+ * during a group is set up at the group's end, with the information both
+ * sides need exchanged over the bootstrap.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "bootstrap.h"
+#include "comm.h"
+#include "misc/utils.h"
+#include "transport/transport.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* In order of preference. */
+static const struct transport *const transports[] = {&transport_shm, &transport_net};
+
+struct conn_msg {
+  char transport[16];
+  uint32_t len;
+  uint32_t pad;
+  char info[CONN_INFO_BYTES];
+};
+
+static uint64_t conn_tag(int kind, int channel, int dir) {
+  return (1ull << 61) | ((uint64_t)kind << 16) | ((uint64_t)channel << 8) | (uint64_t)dir;
+}
+
+ncclResult_t transport_get_conn(struct ncclComm *comm, int kind, int channel, int peer, int dir,
+                                struct conn **out) {
+  struct conn **slot = kind == CONN_RING ? (dir == CONN_SEND ? &comm->ring_send[channel] : &comm->ring_recv[channel])
+                                         : (dir == CONN_SEND ? &comm->p2p_send[peer] : &comm->p2p_recv[peer]);
+  if (*slot == NULL) {
+    struct conn *c;
+    CHECK(UTIL_CALLOC(&c, 1, "a connection"));
+    c->comm = comm;
+    c->peer = peer;
+    c->dir = dir;
+    c->kind = kind;
+    c->channel = channel;
+    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
+      if (transports[i]->can_connect(comm, peer)) {
+        c->tr = transports[i];
+        break;
+      }
+    }
+    if (c->tr == NULL) {
+      free(c);
+      return err_set(ncclSystemError, "no transport can reach rank %d from rank %d", peer, comm->rank);
+    }
+    c->next_pending = comm->pending;
+    comm->pending = c;
+    *slot = c;
+  }
+  *out = *slot;
+  return ncclSuccess;
+}
+
+static const char *dir_name(int dir) { return dir == CONN_SEND ? "send" : "receive"; }
+
+static ncclResult_t publish(struct conn *c) {
+  struct ncclComm *comm = c->comm;
+  struct conn_msg msg = {0};
+  snprintf(msg.transport, sizeof msg.transport, "%s", c->tr->name);
+  size_t len = sizeof msg.info;
+  CHECK(c->tr->setup(c, msg.info, &len));
+  msg.len = (uint32_t)len;
+  ncclResult_t r = bootstrap_send(comm->boot, c->peer, conn_tag(c->kind, c->channel, c->dir), &msg, sizeof msg);
+  if (r != ncclSuccess)
+    err_context("setting up the %s connection to rank %d", dir_name(c->dir), c->peer);
+  return r;
+}
+
+ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
+  int total = 0;
+  for (int i = 0; i < ncomms; i++)
+    for (struct conn *c = comms[i]->pending; c; c = c->next_pending)
+      total++;
+  if (total == 0)
+    return ncclSuccess;
+  struct conn **list;
+  struct conn_msg *msgs;
+  CHECK(UTIL_CALLOC(&list, total, "pending connections"));
+  ncclResult_t r = UTIL_CALLOC(&msgs, total, "connection messages");
+  if (r != ncclSuccess) {
+    free(list);
+    return r;
+  }
+  int k = 0;
+  for (int i = 0; i < ncomms; i++)
+    for (struct conn *c = comms[i]->pending; c; c = c->next_pending)
+      list[k++] = c;
+  /* Every side first publishes its information, then reads its peers':
+   * one thread driving several ranks cannot deadlock on itself. */
+  for (k = 0; k < total; k++)
+    CHECK_GOTO(publish(list[k]), r, out);
+  for (k = 0; k < total; k++) {
+    struct conn *c = list[k];
+    r = bootstrap_recv(c->comm->boot, c->peer, conn_tag(c->kind, c->channel, !c->dir), &msgs[k], sizeof msgs[k]);
+    if (r != ncclSuccess) {
+      err_context("setting up the %s connection with rank %d", dir_name(c->dir), c->peer);
+      goto out;
+    }
+    msgs[k].transport[sizeof msgs[k].transport - 1] = '\0';
+    if (strcmp(msgs[k].transport, c->tr->name) != 0) {
+      r = err_set(ncclInvalidUsage,
+                  "rank %d chose transport %s to reach rank %d, but rank %d chose %s: the ranks' settings differ "
+                  "(NCCL_SHM_DISABLE, NCCL_HOSTID?)",
+                  c->comm->rank, c->tr->name, c->peer, c->peer, msgs[k].transport);
+      goto out;
+    }
+  }
+  uint64_t deadline = deadline_from_timeout();
+  struct waiter w;
+  wait_reset(&w);
+  for (;;) {
+    int left = 0;
+    for (k = 0; k < total; k++) {
+      struct conn *c = list[k];
+      if (c->connected)
+        continue;
+      r = c->tr->connect(c, msgs[k].info, msgs[k].len);
+      if (r == ncclSuccess) {
+        c->connected = 1;
+        INFO(LOG_INIT, "channel %d: %s %s rank %d via %s", c->channel, c->kind == CONN_RING ? "ring" : "p2p",
+             c->dir == CONN_SEND ? "to" : "from", c->peer, c->tr->name);
+        wait_reset(&w);
+        continue;
+      }
+      if (r != ncclInProgress) {
+        err_context("connecting to rank %d over %s", c->peer, c->tr->name);
+        goto out;
+      }
+      if (c->comm->abort_flag) {
+        r = err_set(ncclInvalidUsage, "the communicator was aborted while connecting to rank %d", c->peer);
+        goto out;
+      }
+      left++;
+    }
+    if (left == 0)
+      break;
+    if (time_ns() > deadline) {
+      r = err_set(ncclRemoteError, "%d connection(s) were not established within LOOM_TIMEOUT=%llds", left,
+                  (long long)timeout_seconds());
+      goto out;
+    }
+    wait_pause(&w);
+  }
+  for (int i = 0; i < ncomms; i++)
+    comms[i]->pending = NULL;
+  r = ncclSuccess;
+out:
+  free(list);
+  free(msgs);
+  return r;
+}
+
+void transport_free_conn(struct conn *c) {
+  if (!c)
+    return;
+  if (c->tr && c->tr->free)
+    c->tr->free(c);
+  free(c);
+}
+
+ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
+  if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
+    return ncclSuccess;
+  struct pollfd p = {.fd = comm->peer_pidfd[peer], .events = POLLIN};
+  if (poll(&p, 1, 0) > 0)
+    return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
+                   comm->peers[peer].hostname);
+  return ncclSuccess;
+}

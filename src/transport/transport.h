@@ -1,0 +1,112 @@
+/*
+ * Transports: how bytes get from one rank to another. Every connection,
+ * whatever carries it, looks the same to the executor: a FIFO of
+ * NCCL_STEPS slots with a tail (slots the sender posted) and a head (slots
+ * the receiver released). The sender waits for a free slot, the receiver
+ * for a filled one. Each slot starts with a header that says what the
+ * sender thinks the operation is, so a receiver can name a mismatch.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_TRANSPORT_H
+#define LOOM_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+struct ncclComm;
+struct conn;
+
+enum conn_dir { CONN_SEND = 0, CONN_RECV = 1 };
+enum conn_kind { CONN_RING = 0, CONN_P2P = 1 };
+
+struct slot_hdr {
+  uint64_t count;  /* the sender's count argument */
+  uint32_t bytes;  /* payload bytes in this slot */
+  uint8_t coll;    /* enum coll_kind */
+  uint8_t dtype;
+  uint8_t op;      /* built-in op, or ncclNumOps for a user op */
+  uint8_t pad;
+  int32_t root;
+  uint32_t sender; /* rank that wrote the slot */
+  uint64_t seq;    /* the sender's operation number on this connection */
+};
+#define SLOT_HDR_BYTES 64
+_Static_assert(sizeof(struct slot_hdr) <= SLOT_HDR_BYTES, "slot header too large");
+
+struct fifo {
+  char *base;          /* NCCL_STEPS slots of `stride` bytes */
+  size_t stride;       /* SLOT_HDR_BYTES + capacity */
+  size_t capacity;     /* payload bytes per slot */
+  _Atomic uint64_t *tail;
+  _Atomic uint64_t *head;
+};
+
+static inline struct slot_hdr *fifo_hdr(const struct fifo *f, uint64_t step) {
+  return (struct slot_hdr *)(f->base + (step % NCCL_STEPS) * f->stride);
+}
+static inline char *fifo_data(const struct fifo *f, uint64_t step) {
+  return f->base + (step % NCCL_STEPS) * f->stride + SLOT_HDR_BYTES;
+}
+
+#define CONN_INFO_BYTES 256
+
+/* A transport's operations, filled with designated initialisers. `size`
+ * and `version` come first so the table can grow. */
+struct transport {
+  size_t size;
+  int version;
+  const char *name;
+  /* Whether this transport can reach `peer` (both sides must agree). */
+  int (*can_connect)(struct ncclComm *comm, int peer);
+  /* Creates this side's resources and writes what the peer needs. */
+  ncclResult_t (*setup)(struct conn *c, void *info, size_t *info_len);
+  /* Uses the peer's info; returns ncclInProgress until connected. */
+  ncclResult_t (*connect)(struct conn *c, const void *peer_info, size_t len);
+  /* Moves posted slots (network transports); NULL where memory does it. */
+  ncclResult_t (*progress)(struct conn *c);
+  /* Send side: whether every posted slot has left this process. */
+  int (*flushed)(struct conn *c);
+  /* Called while a wait makes no progress: the error if the peer is gone. */
+  ncclResult_t (*check)(struct conn *c);
+  /* Tells the peer that this side failed, so it stops waiting. */
+  void (*poison)(struct conn *c);
+  void (*free)(struct conn *c);
+};
+
+#define TRANSPORT_VERSION 1
+
+struct conn {
+  const struct transport *tr;
+  struct ncclComm *comm;
+  int peer;
+  int dir;     /* enum conn_dir */
+  int kind;    /* enum conn_kind */
+  int channel;
+  int connected;
+  struct fifo fifo;
+  uint64_t step;     /* slots this side produced (send) or consumed (recv) */
+  uint64_t op_seq;   /* operations this side started on the connection */
+  void *priv;        /* the transport's own state */
+  struct conn *next_pending;
+};
+
+extern const struct transport transport_shm;
+extern const struct transport transport_net;
+
+/* Returns the connection, creating it (not yet connected) on first use. */
+ncclResult_t transport_get_conn(struct ncclComm *comm, int kind, int channel, int peer, int dir,
+                                struct conn **out);
+
+/* Connects every connection created since the last call, for all the
+ * communicators of a group at once (one thread may drive several ranks). */
+ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms);
+
+void transport_free_conn(struct conn *c);
+
+/* Waiting helpers shared by transports. */
+ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
+
+#endif

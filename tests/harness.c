@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int event_fd = -1;
+
+double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void rank_signal(char byte) {
+  if (event_fd >= 0 && write(event_fd, &byte, 1) != 1)
+    perror("rank_signal");
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len) {
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
+  int (*pipes)[2] = calloc(nranks, sizeof *pipes);
+  int ev[2] = {-1, -1};
+  if (!pipes || (events && pipe(ev) != 0))
+    return -1;
+  for (int r = 0; r < nranks; r++)
+    if (pipe(pipes[r]) != 0)
+      return -1;
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < nranks; r++) {
+    pid_t pid = fork();
+    if (pid < 0)
+      return -1;
+    if (pid == 0) {
+      event_fd = ev[1];
+      ncclUniqueId id;
+      if (r == 0) {
+        ncclResult_t res = ncclGetUniqueId(&id);
+        if (res != ncclSuccess) {
+          fprintf(stderr, "rank 0: ncclGetUniqueId failed: %s: %s\n", ncclGetErrorString(res), ncclGetLastError(NULL));
+          _exit(2);
+        }
+        for (int q = 1; q < nranks; q++)
+          if (write_all(pipes[q][1], &id, sizeof id) != 0)
+            _exit(2);
+      } else if (read_all(pipes[r][0], &id, sizeof id) != 0) {
+        fprintf(stderr, "rank %d: no unique id from rank 0\n", r);
+        _exit(2);
+      }
+      for (int q = 0; q < nranks; q++) {
+        close(pipes[q][0]);
+        close(pipes[q][1]);
+      }
+      if (ev[0] >= 0)
+        close(ev[0]);
+      int rc = fn(r, nranks, id, arg);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    pids[r] = pid;
+  }
+  for (int q = 0; q < nranks; q++) {
+    close(pipes[q][0]);
+    close(pipes[q][1]);
+  }
+  free(pipes);
+  if (events) {
+    close(ev[1]);
+    *events = ev[0];
+  }
+  return 0;
+}
+
+int wait_ranks(int nranks, pid_t *pids) {
+  int failed = 0;
+  for (int r = 0; r < nranks; r++) {
+    int st = 0;
+    while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
+      ;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      continue;
+    failed = 1;
+    if (WIFEXITED(st))
+      fprintf(stderr, "rank %d (pid %d) exited with status %d\n", r, (int)pids[r], WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+      fprintf(stderr, "rank %d (pid %d) was killed by signal %d (%s)\n", r, (int)pids[r], WTERMSIG(st),
+              strsignal(WTERMSIG(st)));
+  }
+  return failed;
+}
+
+int run_ranks(int nranks, rank_fn fn, void *arg) {
+  pid_t *pids = calloc(nranks, sizeof *pids);
+  if (!pids || start_ranks(nranks, fn, arg, pids, NULL) != 0) {
+    perror("start_ranks");
+    free(pids);
+    return 1;
+  }
+  int rc = wait_ranks(nranks, pids);
+  free(pids);
+  return rc;
+}

@@ -1,0 +1,52 @@
+/*
+ * Multi-rank tests: each rank is a process forked from the test, given the
+ * same unique id (rank 0 makes it and hands it over through pipes), and the
+ * test waits for all of them and says which failed and how.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_HARNESS_H
+#define LOOM_HARNESS_H
+
+#include <sys/types.h>
+
+#include "nccl.h"
+
+typedef int (*rank_fn)(int rank, int nranks, ncclUniqueId id, void *arg);
+
+/* Runs fn in nranks processes; 0 if every rank returned 0. */
+int run_ranks(int nranks, rank_fn fn, void *arg);
+
+/* Like run_ranks, but lets the caller watch the ranks: `pids` gets their
+ * pids and `events` (if not NULL) the read end of a pipe that ranks write
+ * to with rank_signal(). Call wait_ranks to collect them. */
+int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events);
+int wait_ranks(int nranks, pid_t *pids);
+/* From inside a rank: one byte to the test's `events` pipe. */
+void rank_signal(char byte);
+
+/* Seconds since an arbitrary start, for measuring bounds. */
+double now_s(void);
+
+/* Checks an NCCL call inside a rank: prints the call, the error string and
+ * ncclGetLastError, and returns 1 from the rank function. */
+#define RCHECK(comm, call)                                                              \
+  do {                                                                                  \
+    ncclResult_t rcheck_r_ = (call);                                                    \
+    if (rcheck_r_ != ncclSuccess) {                                                     \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,          \
+              ncclGetErrorString(rcheck_r_), ncclGetLastError(comm));                   \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+#define RASSERT(cond, ...)                                                              \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      fprintf(stderr, "%s:%d: rank check failed: %s: ", __FILE__, __LINE__, #cond);     \
+      fprintf(stderr, __VA_ARGS__);                                                     \
+      fprintf(stderr, "\n");                                                            \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+#endif

@@ -1,0 +1,289 @@
+/*
+ * Every collective x datatype x op x count x placement, on 2, 3, 4 and 8
+ * ranks, over shm and over sockets, against a reference computed here.
+ *
+ * Inputs are x(r, i) = A(i) + B(r) (Prod: A'(i) * C(r)) with small integers
+ * chosen per type so that every partial result any reduction order can
+ * produce is exactly representable: Sum, Prod, Max and Min must then be
+ * exact for every type, fp8 included. Avg and PreMulSum multiply by
+ * scalars and are held to the forward error bound of the summation,
+ * (n + 1) * u * sum|terms|, with u the type's unit roundoff.
+ *
+ * The "about 1M+3" count is the call's count for AllReduce, Reduce and
+ * Broadcast, and the total over ranks for AllGather and ReduceScatter.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/dtype.h"
+#include "harness.h"
+#include "loom.h"
+#include "nccl.h"
+#include "test.h"
+
+enum { C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_COUNT };
+static const char *cname[] = {"AllReduce", "Reduce", "ReduceScatter", "AllGather", "Broadcast"};
+enum { OP_PREMUL = 5 };
+static const char *opname[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+
+#define LARGE (1048576 + 3)
+
+static uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+static int is_unsigned(int t) { return t == ncclUint8 || t == ncclUint32 || t == ncclUint64; }
+static int is_int(int t) { return !dtype_is_float(t); }
+
+/* A(i) and B(r) bounds per type: see the comment at the top. */
+static void bounds(int t, int *amax, int *bmode) {
+  if (t == ncclFloat8e4m3) {
+    *amax = 1;
+    *bmode = 1; /* B in {-1, 0, 1} */
+  } else if (t == ncclFloat8e5m2) {
+    *amax = 1;
+    *bmode = 0; /* B = 0 */
+  } else {
+    *amax = 2;
+    *bmode = 2; /* B = r - 4: distinct per rank */
+  }
+}
+
+static double A(int t, uint64_t seed, size_t i) {
+  int amax, bm;
+  bounds(t, &amax, &bm);
+  uint32_t h = mix(seed * 0x9e3779b97f4a7c15ull + i);
+  if (is_unsigned(t))
+    return (double)(h % (2 * amax + 1));
+  return (double)((int)(h % (2 * amax + 1)) - amax);
+}
+
+static double B(int t, int r) {
+  int amax, bm;
+  bounds(t, &amax, &bm);
+  if (is_unsigned(t))
+    return (double)r;
+  return bm == 2 ? (double)(r - 4) : bm == 1 ? (double)(r % 3 - 1) : 0.0;
+}
+
+static double Aprod(int t, uint64_t seed, size_t i) {
+  static const double f[] = {1, -1, 2, 0.5}, s[] = {1, -1, 2, 3}, u[] = {1, 2, 3, 1};
+  uint32_t h = mix(seed * 0x9e3779b97f4a7c15ull + i) % 4;
+  return is_unsigned(t) ? u[h] : is_int(t) ? s[h] : f[h];
+}
+
+static double Cprod(int t, int r) { return is_unsigned(t) ? (double)(1 + r % 2) : (r % 3 == 1 ? -1.0 : 1.0); }
+
+/* PreMulSum scalars: powers of two for floats, small integers for ints. */
+static double premul_scalar(int t, int r) {
+  static const double f[] = {1, 0.5, 2};
+  return is_int(t) ? (double)(1 + r % 3) : f[r % 3];
+}
+
+static double input(int t, int op, uint64_t seed, int r, size_t i) {
+  return op == ncclProd ? Aprod(t, seed, i) * Cprod(t, r) : A(t, seed, i) + B(t, r);
+}
+
+static double unit_roundoff(int t) {
+  switch (t) {
+  case ncclFloat16: return ldexp(1, -11);
+  case ncclBfloat16: return ldexp(1, -8);
+  case ncclFloat32: return ldexp(1, -24);
+  case ncclFloat64: return ldexp(1, -53);
+  case ncclFloat8e4m3: return ldexp(1, -4);
+  case ncclFloat8e5m2: return ldexp(1, -3);
+  default: return 0;
+  }
+}
+
+/* Wraps an exact integer result the way the type does. */
+static double wrap_int(int t, double v) {
+  char tmp[8];
+  dtype_store(t, tmp, 0, v);
+  return dtype_load(t, tmp, 0);
+}
+
+/* The reduced value of element index `i` (into each rank's input). */
+static void reference(int t, int op, int n, uint64_t seed, size_t i, double avg_scalar, double *want, double *tol) {
+  *tol = 0;
+  double a = op == ncclProd ? Aprod(t, seed, i) : A(t, seed, i);
+  if (op == ncclProd) {
+    double p = 1;
+    for (int r = 0; r < n; r++)
+      p *= a * Cprod(t, r);
+    *want = is_int(t) ? wrap_int(t, p) : p;
+    return;
+  }
+  double sum = 0, mx = -1e300, mn = 1e300, pre = 0, mag = 0, plain = 0;
+  for (int r = 0; r < n; r++) {
+    double x = a + B(t, r);
+    sum += x;
+    mx = x > mx ? x : mx;
+    mn = x < mn ? x : mn;
+    pre += x * premul_scalar(t, r);
+    mag += fabs(x * premul_scalar(t, r));
+    plain += fabs(x);
+  }
+  switch (op) {
+  case ncclSum: *want = is_int(t) ? wrap_int(t, sum) : sum; break;
+  case ncclMax: *want = mx; break;
+  case ncclMin: *want = mn; break;
+  case ncclAvg:
+    if (is_int(t)) {
+      /* Sum wrapped to the type, then C division. */
+      double w = wrap_int(t, sum);
+      *want = is_unsigned(t) ? floor(w / n) : trunc(w / n);
+    } else {
+      *want = sum * avg_scalar;
+      *tol = (n + 1) * unit_roundoff(t) * avg_scalar * plain;
+    }
+    break;
+  default:
+    *want = is_int(t) ? wrap_int(t, pre) : pre;
+    *tol = is_int(t) ? 0 : (n + 1) * unit_roundoff(t) * mag;
+  }
+}
+
+struct cfg {
+  int socket;
+  int failures;
+};
+
+static int nops_for(int coll) { return coll <= C_REDUCESCATTER ? 6 : 1; }
+
+static ncclResult_t call(int coll, const void *s, void *r, size_t count, int t, ncclRedOp_t op, int root,
+                         ncclComm_t comm) {
+  switch (coll) {
+  case C_ALLREDUCE: return ncclAllReduce(s, r, count, t, op, comm, NULL);
+  case C_REDUCE: return ncclReduce(s, r, count, t, op, root, comm, NULL);
+  case C_REDUCESCATTER: return ncclReduceScatter(s, r, count, t, op, comm, NULL);
+  case C_ALLGATHER: return ncclAllGather(s, r, count, t, comm, NULL);
+  default: return ncclBroadcast(s, r, count, t, root, comm, NULL);
+  }
+}
+
+/* One call and its check. Out-of-place buffers are deliberately
+ * misaligned; in-place ones sit where NCCL's in-place rules put them. */
+static int run_one(ncclComm_t comm, int rank, int n, int coll, int t, int opi, size_t count, int inplace,
+                   char *pool, size_t pool_bytes) {
+  size_t es = dtype_size(t);
+  size_t send_n = coll == C_REDUCESCATTER ? count * n : count;
+  size_t recv_n = coll == C_ALLGATHER ? count * n : count;
+  uint64_t seed = ((uint64_t)coll << 40) ^ ((uint64_t)t << 32) ^ ((uint64_t)opi << 24) ^ count ^ ((uint64_t)inplace << 20);
+  int root = (int)(count % (size_t)n);
+  char *sendbuf, *recvbuf;
+  if (inplace) {
+    recvbuf = pool;
+    sendbuf = coll == C_ALLGATHER ? recvbuf + (size_t)rank * count * es : recvbuf;
+  } else {
+    sendbuf = pool + 1 + (size_t)(rank % 3);
+    recvbuf = pool + ((send_n * es + 64 + 63) & ~(size_t)63) + 3;
+  }
+  if ((size_t)(recvbuf - pool) + recv_n * es + 8 > pool_bytes || send_n * es + 8 > pool_bytes)
+    return 0;
+  /* Fill the input; the Prod inputs and the others differ. */
+  int op = opi == OP_PREMUL ? -1 : opi;
+  int gen_op = coll <= C_REDUCESCATTER ? op : ncclSum;
+  for (size_t i = 0; i < send_n; i++)
+    dtype_store(t, sendbuf, i, input(t, gen_op, seed, rank, i));
+  if (!inplace)
+    memset(recvbuf, 0xa5, recv_n * es);
+  ncclRedOp_t rop = (ncclRedOp_t)(op < 0 ? ncclSum : op);
+  char scalar[8];
+  if (opi == OP_PREMUL) {
+    dtype_store(t, scalar, 0, premul_scalar(t, rank));
+    RCHECK(comm, ncclRedOpCreatePreMulSum(&rop, scalar, t, ncclScalarHostImmediate, comm));
+  }
+  RCHECK(comm, call(coll, sendbuf, recvbuf, count, t, rop, root, comm));
+  if (opi == OP_PREMUL)
+    RCHECK(comm, ncclRedOpDestroy(rop, comm));
+  double avg_scalar = 0;
+  if (op == ncclAvg && !is_int(t)) {
+    char tmp[8];
+    dtype_store(t, tmp, 0, 1.0 / n);
+    avg_scalar = dtype_load(t, tmp, 0);
+  }
+  if (coll == C_REDUCE && rank != root)
+    return 0;
+  for (size_t i = 0; i < recv_n; i++) {
+    double want, tol = 0;
+    if (coll == C_ALLGATHER)
+      want = input(t, ncclSum, seed, (int)(i / count), i % count);
+    else if (coll == C_BROADCAST)
+      want = input(t, ncclSum, seed, root, i);
+    else if (opi == OP_PREMUL)
+      reference(t, -1, n, seed, coll == C_REDUCESCATTER ? (size_t)rank * count + i : i, 0, &want, &tol);
+    else
+      reference(t, op, n, seed, coll == C_REDUCESCATTER ? (size_t)rank * count + i : i, avg_scalar, &want, &tol);
+    double got = dtype_load(t, recvbuf, i);
+    if (!(fabs(got - want) <= tol)) {
+      fprintf(stderr,
+              "rank %d of %d: %s %s %s count %zu %s root %d: element %zu is %.9g, expected %.9g (tolerance %g)\n",
+              rank, n, cname[coll], dtype_name(t), coll <= C_REDUCESCATTER ? opname[opi] : "-", count,
+              inplace ? "in-place" : "out-of-place", root, i, got, want, tol);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  struct cfg *cfg = arg;
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  static const size_t small[] = {0, 1, 7, 4097};
+  size_t pool_bytes = (size_t)(LARGE + 64) * 8 * 2 + 4096;
+  char *pool = malloc(pool_bytes);
+  RASSERT(pool != NULL, "out of memory");
+  int calls = 0;
+  for (int coll = 0; coll < C_COUNT; coll++)
+    for (int t = 0; t < ncclNumTypes; t++)
+      for (int opi = 0; opi < nops_for(coll); opi++)
+        for (int k = 0; k < 5; k++) {
+          size_t count = k < 4 ? small[k] : (coll == C_ALLGATHER || coll == C_REDUCESCATTER) ? (size_t)((LARGE / n) | 1) : (size_t)LARGE;
+          for (int inplace = 0; inplace < 2; inplace++) {
+            if (run_one(comm, rank, n, coll, t, opi, count, inplace, pool, pool_bytes))
+              return 1;
+            calls++;
+          }
+        }
+  const char *tr = NULL;
+  if (n > 1) {
+    RCHECK(comm, loomCommPeerTransport(comm, (rank + 1) % n, &tr));
+    const char *expect = cfg->socket ? "net/socket" : "shm";
+    RASSERT(strcmp(tr, expect) == 0, "rank %d reached rank %d over %s, expected %s", rank, (rank + 1) % n, tr,
+            expect);
+  }
+  if (rank == 0)
+    printf("%d ranks over %s: %d calls checked\n", n, tr ? tr : "self", calls);
+  free(pool);
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+static int coll_test(int n, int socket) {
+  struct cfg cfg = {.socket = socket};
+  if (socket) {
+    setenv("NCCL_SHM_DISABLE", "1", 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  }
+  return run_ranks(n, coll_rank, &cfg);
+}
+
+TEST_IMPL(coll_shm_1) { return coll_test(1, 0); }
+TEST_IMPL(coll_shm_2) { return coll_test(2, 0); }
+TEST_IMPL(coll_shm_3) { return coll_test(3, 0); }
+TEST_IMPL(coll_shm_4) { return coll_test(4, 0); }
+TEST_IMPL(coll_shm_8) { return coll_test(8, 0); }
+TEST_IMPL(coll_socket_2) { return coll_test(2, 1); }
+TEST_IMPL(coll_socket_3) { return coll_test(3, 1); }
+TEST_IMPL(coll_socket_4) { return coll_test(4, 1); }
+TEST_IMPL(coll_socket_8) { return coll_test(8, 1); }
