@@ -21,6 +21,10 @@ extern "C" {
 ncclResult_t loomUniqueIdToHex(const ncclUniqueId *id, char *hex);
 ncclResult_t loomUniqueIdFromHex(const char *hex, ncclUniqueId *id);
 
+/* Where the bootstrap root of `id` listens, as "ip:port" or "[ip6]:port",
+ * to say in a log or an error which root a rank tried to reach. */
+ncclResult_t loomUniqueIdRootAddress(const ncclUniqueId *id, char *buf, size_t len);
+
 /* The transports this build of the library has, as a space-separated list
  * such as "shm net/socket". */
 const char *loomTransports(void);

@@ -10,45 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char id_magic[8] = "LOOMID1";
-static const char hello_magic[8] = "LOOMHI1";
-static const char reply_magic[8] = "LOOMRE1";
-static const char msg_magic[8] = "LOOMMS1";
-
-/* What ncclUniqueId holds. */
-struct boot_id {
-  char magic[8];
-  uint64_t secret;
-  uint32_t fixed; /* root address from NCCL_COMM_ID */
-  uint32_t pad;
-  union sock_addr root;
-};
-_Static_assert(sizeof(struct boot_id) <= NCCL_UNIQUE_ID_BYTES, "unique id too small");
-
-struct root_hello {
-  char magic[8];
-  uint64_t secret;
-  int32_t rank, nranks;
-  int32_t pid, pad;
-  union sock_addr addr;
-  char host[64];
-};
-
-struct root_reply {
-  char magic[8];
-  int32_t status; /* ncclResult_t */
-  int32_t nranks;
-  char msg[256];
-};
-
-struct msg_hdr {
-  char magic[8];
-  uint64_t secret;
-  int32_t from;
-  uint32_t pad;
-  uint64_t tag;
-  uint64_t len;
-};
+#include "bootstrap_wire.h"
 
 struct boot_stash {
   struct boot_stash *next;
@@ -58,11 +20,7 @@ struct boot_stash {
   char data[];
 };
 
-/* A greeting must arrive this soon after a connection opens; a connection
- * that does not say who it is within this time is dropped. */
-#define GREETING_NS 2000000000ull
-
-static ncclResult_t local_address(union sock_addr *addr, char *ifname, size_t len) {
+ncclResult_t bootstrap_local_address(union sock_addr *addr, char *ifname, size_t len) {
   struct sock_iface ifs[SOCK_MAX_IFACES];
   int n = 0;
   CHECK(sock_find_interfaces(ifs, SOCK_MAX_IFACES, &n));
@@ -75,168 +33,14 @@ static ncclResult_t local_address(union sock_addr *addr, char *ifname, size_t le
   return ncclSuccess;
 }
 
-/* ---- root ---- */
-
-struct root_state {
-  int listen_fd;
-  uint64_t secret;
-  union sock_addr addr;
-};
-
-static void root_reply_error(int fd, ncclResult_t status, const char *msg) {
-  struct root_reply r = {0};
-  memcpy(r.magic, reply_magic, sizeof r.magic);
-  r.status = status;
-  snprintf(r.msg, sizeof r.msg, "%s", msg);
-  sock_send_all(fd, &r, sizeof r, time_ns() + GREETING_NS, "a joining rank");
-  close(fd);
-}
-
-static void *root_main(void *arg) {
-  struct root_state st = *(struct root_state *)arg;
-  free(arg);
-  char where[SOCK_ADDR_STRLEN], msg[256];
-  sock_addr_str(&st.addr, where, sizeof where);
-  uint64_t deadline = deadline_from_timeout();
-  int nranks = -1, joined = 0, first_rank = -1;
-  int *fds = NULL;
-  union sock_addr *addrs = NULL;
-  struct root_hello *hellos = NULL;
-  for (;;) {
-    if (nranks > 0 && joined == nranks)
-      break;
-    int fd = -1;
-    ncclResult_t r = sock_accept(st.listen_fd, deadline, &fd);
-    if (r == ncclInProgress) {
-      char missing[200] = "";
-      size_t o = 0;
-      for (int i = 0; nranks > 0 && i < nranks && o < sizeof missing - 8; i++)
-        if (fds[i] < 0)
-          o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", i);
-      snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s within LOOM_TIMEOUT=%llds",
-               nranks > 0 ? missing : "?", nranks, where, (long long)timeout_seconds());
-      WARN("bootstrap root: %s", msg);
-      for (int i = 0; nranks > 0 && i < nranks; i++)
-        if (fds[i] >= 0)
-          root_reply_error(fds[i], ncclRemoteError, msg);
-      goto done;
-    }
-    if (r != ncclSuccess) {
-      WARN("bootstrap root at %s: %s", where, err_thread_last());
-      continue;
-    }
-    struct root_hello h;
-    uint64_t greet = time_ns() + GREETING_NS;
-    if (sock_recv_all(fd, h.magic, sizeof h.magic, greet, "a connecting process") != ncclSuccess ||
-        memcmp(h.magic, hello_magic, sizeof h.magic) != 0 ||
-        sock_recv_all(fd, (char *)&h + sizeof h.magic, sizeof h - sizeof h.magic, greet, "a connecting process") !=
-            ncclSuccess) {
-      WARN("bootstrap root at %s: dropped a connection that did not greet like a Loom rank", where);
-      close(fd);
-      continue;
-    }
-    h.host[sizeof h.host - 1] = '\0';
-    if (h.secret != st.secret) {
-      snprintf(msg, sizeof msg,
-               "the unique id does not match this root's: it belongs to another communicator or job");
-      WARN("bootstrap root at %s: refused rank %d from %s pid %d: %s", where, h.rank, h.host, h.pid, msg);
-      root_reply_error(fd, ncclInvalidUsage, msg);
-      continue;
-    }
-    if (nranks < 0) {
-      if (h.nranks < 1 || h.nranks > (1 << 20)) {
-        root_reply_error(fd, ncclInvalidArgument, "nranks out of range");
-        continue;
-      }
-      nranks = h.nranks;
-      first_rank = h.rank;
-      fds = malloc(sizeof *fds * nranks);
-      addrs = calloc(nranks, sizeof *addrs);
-      hellos = calloc(nranks, sizeof *hellos);
-      if (!fds || !addrs || !hellos) {
-        WARN("bootstrap root: out of memory for %d ranks", nranks);
-        close(fd);
-        goto done;
-      }
-      for (int i = 0; i < nranks; i++)
-        fds[i] = -1;
-    }
-    if (h.nranks != nranks) {
-      snprintf(msg, sizeof msg, "rank %d says nranks=%d but rank %d, the first to join, says nranks=%d", h.rank,
-               h.nranks, first_rank, nranks);
-      WARN("bootstrap root at %s: %s", where, msg);
-      root_reply_error(fd, ncclInvalidUsage, msg);
-      continue;
-    }
-    if (h.rank < 0 || h.rank >= nranks || fds[h.rank] >= 0) {
-      if (h.rank >= 0 && h.rank < nranks)
-        snprintf(msg, sizeof msg, "rank %d joined twice: first from %s pid %d, then from %s pid %d", h.rank,
-                 hellos[h.rank].host, hellos[h.rank].pid, h.host, h.pid);
-      else
-        snprintf(msg, sizeof msg, "rank %d is out of range for nranks=%d", h.rank, nranks);
-      WARN("bootstrap root at %s: %s", where, msg);
-      root_reply_error(fd, ncclInvalidUsage, msg);
-      continue;
-    }
-    fds[h.rank] = fd;
-    addrs[h.rank] = h.addr;
-    hellos[h.rank] = h;
-    joined++;
-    TRACE(LOG_BOOTSTRAP, "bootstrap root: rank %d of %d joined from %s pid %d", h.rank, nranks, h.host, h.pid);
-  }
-  INFO(LOG_BOOTSTRAP, "bootstrap root at %s: all %d ranks joined", where, nranks);
-  struct root_reply ok = {0};
-  memcpy(ok.magic, reply_magic, sizeof ok.magic);
-  ok.nranks = nranks;
-  for (int i = 0; i < nranks; i++) {
-    uint64_t dl = time_ns() + GREETING_NS * 5;
-    if (sock_send_all(fds[i], &ok, sizeof ok, dl, "a joining rank") != ncclSuccess ||
-        sock_send_all(fds[i], addrs, sizeof *addrs * nranks, dl, "a joining rank") != ncclSuccess)
-      WARN("bootstrap root at %s: could not answer rank %d: %s", where, i, err_thread_last());
-    close(fds[i]);
-  }
-done:
-  close(st.listen_fd);
-  free(fds);
-  free(addrs);
-  free(hellos);
-  return NULL;
-}
-
-static ncclResult_t root_start(const union sock_addr *bind_addr, uint64_t secret, union sock_addr *bound) {
-  struct root_state *st = malloc(sizeof *st);
-  if (!st)
-    return err_set(ncclSystemError, "out of memory starting the bootstrap root");
-  ncclResult_t r = sock_listen(bind_addr, &st->listen_fd, &st->addr);
-  if (r != ncclSuccess) {
-    free(st);
-    return r;
-  }
-  st->secret = secret;
-  if (bound)
-    *bound = st->addr;
-  pthread_t t;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int rc = pthread_create(&t, &attr, root_main, st);
-  pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    close(st->listen_fd);
-    free(st);
-    return err_set(ncclSystemError, "cannot start the bootstrap root thread: %s", strerror(rc));
-  }
-  return ncclSuccess;
-}
-
 ncclResult_t bootstrap_create_root_id(ncclUniqueId *out) {
   struct boot_id id = {0};
   memcpy(id.magic, id_magic, sizeof id.magic);
   char ifname[IF_NAMESIZE], a[SOCK_ADDR_STRLEN];
   union sock_addr bind_addr;
-  CHECK(local_address(&bind_addr, ifname, sizeof ifname));
+  CHECK(bootstrap_local_address(&bind_addr, ifname, sizeof ifname));
   CHECK(util_random(&id.secret, sizeof id.secret));
-  CHECK(root_start(&bind_addr, id.secret, &id.root));
+  CHECK(bootstrap_root_start(&bind_addr, id.secret, &id.root));
   INFO(LOG_BOOTSTRAP, "bootstrap root listening on %s (%s)", sock_addr_str(&id.root, a, sizeof a), ifname);
   memset(out, 0, sizeof *out);
   memcpy(out->internal, &id, sizeof id);
@@ -275,13 +79,19 @@ int bootstrap_id_valid(const ncclUniqueId *uid) {
          (id.root.sa.sa_family == AF_INET || id.root.sa.sa_family == AF_INET6);
 }
 
+const char *bootstrap_id_root(const ncclUniqueId *uid, char *buf, size_t len) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  return sock_addr_str(&id.root, buf, len);
+}
+
 uint64_t bootstrap_id_hash(const ncclUniqueId *uid) { return util_hash(uid->internal, sizeof uid->internal, 0); }
 
 ncclResult_t bootstrap_start_root(const ncclUniqueId *uid) {
   struct boot_id id;
   memcpy(&id, uid->internal, sizeof id);
   char a[SOCK_ADDR_STRLEN];
-  if (root_start(&id.root, id.secret, NULL) != ncclSuccess) {
+  if (bootstrap_root_start(&id.root, id.secret, NULL) != ncclSuccess) {
     err_context("NCCL_COMM_ID=%s: rank 0 cannot start the bootstrap root there", sock_addr_str(&id.root, a, sizeof a));
     return ncclSystemError;
   }
@@ -297,6 +107,8 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   memcpy(&id, uid->internal, sizeof id);
   char ifname[IF_NAMESIZE], root_str[SOCK_ADDR_STRLEN], a[SOCK_ADDR_STRLEN];
   sock_addr_str(&id.root, root_str, sizeof root_str);
+  char root_what[96];
+  snprintf(root_what, sizeof root_what, "the bootstrap root at %s", root_str);
   struct bootstrap *b = calloc(1, sizeof *b);
   if (!b)
     return err_set(ncclSystemError, "out of memory for the bootstrap");
@@ -309,7 +121,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   ncclResult_t res;
   int fd = -1;
   union sock_addr bind_addr;
-  CHECK_GOTO(local_address(&bind_addr, ifname, sizeof ifname), res, fail);
+  CHECK_GOTO(bootstrap_local_address(&bind_addr, ifname, sizeof ifname), res, fail);
   CHECK_GOTO(sock_listen(&bind_addr, &b->listen_fd, &b->addr), res, fail);
   INFO(LOG_BOOTSTRAP, "bootstrap: rank %d listens on %s (%s), root is %s", rank,
        sock_addr_str(&b->addr, a, sizeof a), ifname, root_str);
@@ -324,20 +136,22 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   h.pid = (int)getpid();
   h.addr = b->addr;
   gethostname(h.host, sizeof h.host - 1);
-  CHECK_GOTO(sock_send_all(fd, &h, sizeof h, deadline, "the bootstrap root"), res, fail);
+  CHECK_GOTO(sock_send_all(fd, &h, sizeof h, deadline, root_what), res, fail);
   struct root_reply rep;
-  CHECK_GOTO(sock_recv_all(fd, &rep, sizeof rep, deadline, "the bootstrap root"), res, fail);
+  /* The root enforces the join timeout itself and then says who is
+   * missing; waiting a little longer than it lets that sentence arrive. */
+  CHECK_GOTO(sock_recv_all(fd, &rep, sizeof rep, deadline + 5 * GREETING_NS, root_what), res, fail);
   if (memcmp(rep.magic, reply_magic, sizeof rep.magic) != 0) {
     res = err_set(ncclRemoteError, "the bootstrap root at %s answered with something that is not Loom's protocol", root_str);
     goto fail;
   }
   if (rep.status != ncclSuccess) {
     rep.msg[sizeof rep.msg - 1] = '\0';
-    res = err_set((ncclResult_t)rep.status, "the bootstrap root at %s refused rank %d: %s", root_str, rank, rep.msg);
+    res = err_set((ncclResult_t)rep.status, "rank %d: the bootstrap root at %s says: %s", rank, root_str, rep.msg);
     goto fail;
   }
   CHECK_GOTO(UTIL_CALLOC(&b->peers, nranks, "bootstrap addresses"), res, fail);
-  CHECK_GOTO(sock_recv_all(fd, b->peers, sizeof *b->peers * nranks, deadline, "the bootstrap root"), res, fail);
+  CHECK_GOTO(sock_recv_all(fd, b->peers, sizeof *b->peers * nranks, deadline, root_what), res, fail);
   close(fd);
   *out = b;
   return ncclSuccess;

@@ -54,6 +54,7 @@ ncclResult_t bootstrap_create_root_id(ncclUniqueId *id);
 int bootstrap_id_is_fixed(const ncclUniqueId *id);
 ncclResult_t bootstrap_start_root(const ncclUniqueId *id);
 uint64_t bootstrap_id_hash(const ncclUniqueId *id);
+const char *bootstrap_id_root(const ncclUniqueId *id, char *buf, size_t len);
 /* Whether `id` looks like one that ncclGetUniqueId made. */
 int bootstrap_id_valid(const ncclUniqueId *id);
 

@@ -115,10 +115,12 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
     int me_root = t->root == comm->rank;
     int need_send = t->coll != COLL_RECV && (t->coll != COLL_BROADCAST || me_root);
     int need_recv = t->coll != COLL_SEND && (t->coll != COLL_REDUCE || me_root);
+    /* ncclBcast has one buffer argument, and the sentence names it. */
+    int bcast = strcmp(func, "ncclBcast") == 0;
     if (need_send && t->sendbuff == NULL)
-      return err_set(ncclInvalidArgument, "%s: sendbuff is NULL (count %zu)", func, t->count);
+      return err_set(ncclInvalidArgument, "%s: %s is NULL (count %zu)", func, bcast ? "buff" : "sendbuff", t->count);
     if (need_recv && t->recvbuff == NULL)
-      return err_set(ncclInvalidArgument, "%s: recvbuff is NULL (count %zu)", func, t->count);
+      return err_set(ncclInvalidArgument, "%s: %s is NULL (count %zu)", func, bcast ? "buff" : "recvbuff", t->count);
   }
   if (log_enabled(LOG_INFO, LOG_COLL)) {
     char d[200];

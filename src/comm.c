@@ -328,10 +328,10 @@ NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
   ncclResult_t r = comm_check(comm, "ncclRedOpDestroy");
   if (r != ncclSuccess)
     return api_finish(comm, r);
-  if ((int)op < ncclNumOps)
+  if ((int)op >= 0 && (int)op < ncclNumOps)
     return api_finish(comm, err_set(ncclInvalidArgument, "ncclRedOpDestroy: op %d is a built-in operator", (int)op));
   int slot = (int)op - ncclNumOps;
-  if (slot >= comm->n_user_ops || !comm->user_ops[slot].in_use)
+  if ((int)op < 0 || slot >= comm->n_user_ops || !comm->user_ops[slot].in_use)
     return api_finish(comm, err_set(ncclInvalidArgument,
                                     "ncclRedOpDestroy: op %d was not created on this communicator (or was destroyed)",
                                     (int)op));
@@ -377,6 +377,16 @@ LOOM_EXPORT ncclResult_t loomUniqueIdFromHex(const char *hex, ncclUniqueId *id) 
                                       hi < 0 ? 2 * i : 2 * i + 1));
     id->internal[i] = (char)(hi << 4 | lo);
   }
+  return ncclSuccess;
+}
+
+LOOM_EXPORT ncclResult_t loomUniqueIdRootAddress(const ncclUniqueId *id, char *buf, size_t len) {
+  if (id == NULL || buf == NULL || len == 0)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "loomUniqueIdRootAddress: %s is NULL or empty",
+                                    id ? "buf" : "id"));
+  if (!bootstrap_id_valid(id))
+    return api_finish(NULL, err_set(ncclInvalidArgument, "loomUniqueIdRootAddress: not a unique id"));
+  bootstrap_id_root(id, buf, len);
   return ncclSuccess;
 }
 

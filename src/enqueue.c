@@ -130,9 +130,18 @@ static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
   struct work *w;
   CHECK(new_work(t, 0, &w));
   ncclResult_t r = p2p_schedule(t->coll, t->count, &w->sched);
+  /* Both directions with a peer are set up together, so that two ranks
+   * that each send first (outside a group) set up matching pairs instead
+   * of each waiting for the other's half. */
+  struct conn *send = NULL, *recv = NULL;
   if (r == ncclSuccess)
-    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, t->coll == COLL_SEND ? CONN_SEND : CONN_RECV,
-                           t->coll == COLL_SEND ? &w->send : &w->recv);
+    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_SEND, &send);
+  if (r == ncclSuccess)
+    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_RECV, &recv);
+  if (t->coll == COLL_SEND)
+    w->send = send;
+  else
+    w->recv = recv;
   if (r != ncclSuccess) {
     work_free(w);
     return r;
@@ -311,6 +320,11 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
     plans[i].comm = comms[i];
     log_set_rank(comms[i]->rank);
     r = plan_comm(&plans[i]);
+    if (r != ncclSuccess && comms[i]->tasks_head) {
+      char desc[200];
+      task_describe(comms[i]->tasks_head, desc, sizeof desc);
+      err_context("rank %d, preparing %s", comms[i]->rank, desc);
+    }
   }
   if (r == ncclSuccess)
     r = transport_connect_pending(comms, ncomms);

@@ -13,6 +13,7 @@
 #include "group.h"
 #include "misc/utils.h"
 #include "topology/topo.h"
+#include "transport/net.h"
 #include "transport/transport.h"
 
 #include <pthread.h>
@@ -120,6 +121,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   pthread_once(&banner_once, banner);
   topo_log_host();
   CHECK(param_check_all());
+  CHECK(net_check_name(param_str(P_NET)));
   comm->rank = rank;
   comm->nranks = nranks;
   comm->blocking = 1;
@@ -165,16 +167,17 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   return ncclSuccess;
 }
 
-static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const ncclUniqueId *id) {
+static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const ncclUniqueId *id,
+                                    const char *func) {
   if (out == NULL)
-    return err_set(ncclInvalidArgument, "ncclCommInitRank: the comm pointer is NULL");
+    return err_set(ncclInvalidArgument, "%s: the comm pointer is NULL", func);
   if (nranks < 1)
-    return err_set(ncclInvalidArgument, "ncclCommInitRank: nranks is %d; it must be at least 1", nranks);
+    return err_set(ncclInvalidArgument, "%s: nranks is %d; it must be at least 1", func, nranks);
   if (rank < 0 || rank >= nranks)
-    return err_set(ncclInvalidArgument, "ncclCommInitRank: rank %d is out of range for nranks %d", rank, nranks);
+    return err_set(ncclInvalidArgument, "%s: rank %d is out of range for nranks %d", func, rank, nranks);
   if (!bootstrap_id_valid(id))
     return err_set(ncclInvalidArgument,
-                   "ncclCommInitRank: the unique id was not made by ncclGetUniqueId (or was corrupted on the way)");
+                   "%s: the unique id was not made by ncclGetUniqueId (or was corrupted on the way)", func);
   return ncclSuccess;
 }
 
@@ -195,10 +198,10 @@ static ncclResult_t init_job_run(struct group_job *job) {
 
 /* Creates the communicator now, or at the end of the current group. */
 static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
-                              const ncclConfig_t *config_in) {
+                              const ncclConfig_t *config_in, const char *func) {
   if (out)
     *out = NULL;
-  CHECK(check_init_args(out, nranks, rank, id));
+  CHECK(check_init_args(out, nranks, rank, id, func));
   ncclConfig_t config;
   CHECK(read_config(config_in, &config));
   struct ncclComm *comm;
@@ -232,11 +235,11 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig"));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank"));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
@@ -249,7 +252,7 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks
                                     "ncclCommInitRankScalable with %d unique ids is not implemented yet in Loom; "
                                     "pass nId = 1",
                                     nId));
-  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config));
+  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable"));
 }
 
 /* Several ranks in one process: one thread per rank, as a group does. */
@@ -266,7 +269,7 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
     return api_finish(NULL, r);
   ncclGroupStart();
   for (int i = 0; i < ndev && r == ncclSuccess; i++)
-    r = init_rank(&comms[i], ndev, &id, i, NULL);
+    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll");
   if (r != ncclSuccess)
     group_record_error(r);
   ncclResult_t e = ncclGroupEnd();

@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 static int event_fd = -1;
+static int (*rank_setup)(int rank, void *arg);
+
+void harness_set_rank_setup(int (*setup)(int rank, void *arg)) { rank_setup = setup; }
 
 double now_s(void) {
   struct timespec ts;
@@ -70,6 +73,10 @@ int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
       return -1;
     if (pid == 0) {
       event_fd = ev[1];
+      if (rank_setup && rank_setup(r, arg) != 0) {
+        fprintf(stderr, "rank %d: setup failed\n", r);
+        _exit(2);
+      }
       ncclUniqueId id;
       if (r == 0) {
         ncclResult_t res = ncclGetUniqueId(&id);

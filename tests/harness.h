@@ -13,6 +13,10 @@
 
 typedef int (*rank_fn)(int rank, int nranks, ncclUniqueId id, void *arg);
 
+/* Called first in every rank process, before the unique id is made or
+ * read (to enter a network namespace, say); NULL for none. */
+void harness_set_rank_setup(int (*setup)(int rank, void *arg));
+
 /* Runs fn in nranks processes; 0 if every rank returned 0. */
 int run_ranks(int nranks, rank_fn fn, void *arg);
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "exec/dtype.h"
+#include "coll_matrix.h"
 #include "harness.h"
 #include "loom.h"
 #include "nccl.h"
@@ -154,7 +155,6 @@ static void reference(int t, int op, int n, uint64_t seed, size_t i, double avg_
 
 struct cfg {
   int socket;
-  int failures;
 };
 
 static int nops_for(int coll) { return coll <= C_REDUCESCATTER ? 6 : 1; }
@@ -235,10 +235,7 @@ static int run_one(ncclComm_t comm, int rank, int n, int coll, int t, int opi, s
   return 0;
 }
 
-static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
-  struct cfg *cfg = arg;
-  ncclComm_t comm;
-  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
   static const size_t small[] = {0, 1, 7, 4097};
   size_t pool_bytes = (size_t)(LARGE + 64) * 8 * 2 + 4096;
   char *pool = malloc(pool_bytes);
@@ -248,13 +245,29 @@ static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
     for (int t = 0; t < ncclNumTypes; t++)
       for (int opi = 0; opi < nops_for(coll); opi++)
         for (int k = 0; k < 5; k++) {
-          size_t count = k < 4 ? small[k] : (coll == C_ALLGATHER || coll == C_REDUCESCATTER) ? (size_t)((LARGE / n) | 1) : (size_t)LARGE;
+          size_t count = k < 4 ? small[k]
+                         : (coll == C_ALLGATHER || coll == C_REDUCESCATTER) ? (size_t)((LARGE / n) | 1)
+                                                                            : (size_t)LARGE;
           for (int inplace = 0; inplace < 2; inplace++) {
-            if (run_one(comm, rank, n, coll, t, opi, count, inplace, pool, pool_bytes))
+            if (run_one(comm, rank, n, coll, t, opi, count, inplace, pool, pool_bytes)) {
+              free(pool);
               return 1;
+            }
             calls++;
           }
         }
+  free(pool);
+  *ncalls = calls;
+  return 0;
+}
+
+static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  struct cfg *cfg = arg;
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  int calls = 0;
+  if (coll_matrix(comm, rank, n, &calls))
+    return 1;
   const char *tr = NULL;
   if (n > 1) {
     RCHECK(comm, loomCommPeerTransport(comm, (rank + 1) % n, &tr));
@@ -264,7 +277,6 @@ static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
   }
   if (rank == 0)
     printf("%d ranks over %s: %d calls checked\n", n, tr ? tr : "self", calls);
-  free(pool);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }

@@ -28,6 +28,11 @@ struct net_priv {
   _Atomic uint64_t tail, head;
   uint64_t posted; /* send: slots handed to isend; recv: slots given to irecv */
   void *reqs[NCCL_STEPS];
+  /* A failed connection is reported only when the executor waits on it:
+   * receives are posted ahead of need, and a peer that finished and left
+   * ends the stream after its last message. */
+  ncclResult_t error;
+  char why[LOOM_ERR_LEN];
 };
 
 static const struct net_plugin *plugin;
@@ -35,15 +40,18 @@ static ncclResult_t plugin_status = ncclSuccess;
 static char plugin_error[LOOM_ERR_LEN];
 static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;
 
+ncclResult_t net_check_name(const char *want) {
+  if (strcasecmp(want, "Socket") == 0)
+    return ncclSuccess;
+  if (strcasecmp(want, "IB") == 0)
+    return err_set(ncclInvalidUsage, "NCCL_NET=IB: the InfiniBand plugin is not implemented yet; use Socket");
+  return err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; the plugins are: Socket", want);
+}
+
 static void plugin_load(void) {
-  const char *want = param_str(P_NET);
-  if (strcasecmp(want, "Socket") == 0) {
+  plugin_status = net_check_name(param_str(P_NET));
+  if (plugin_status == ncclSuccess)
     plugin = &net_socket_plugin;
-  } else if (strcasecmp(want, "IB") == 0) {
-    plugin_status = err_set(ncclInvalidUsage, "NCCL_NET=IB: the InfiniBand plugin is not implemented yet; use Socket");
-  } else {
-    plugin_status = err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; the plugins are: Socket", want);
-  }
   if (plugin && (plugin_status = plugin->init()) == ncclSuccess)
     INFO(LOG_NET | LOG_INIT, "using network plugin %s", plugin->name);
   if (plugin_status != ncclSuccess)
@@ -162,12 +170,17 @@ static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
 
 static ncclResult_t net_progress(struct conn *c) {
   struct net_priv *np = c->priv;
-  if (np->comm == NULL)
-    return err_set(ncclRemoteError, "the connection is closed");
-  ncclResult_t r = c->dir == CONN_SEND ? send_progress(c, np) : recv_progress(c, np);
-  if (r != ncclSuccess)
+  if (np->error != ncclSuccess)
+    return ncclSuccess;
+  ncclResult_t r = np->comm == NULL ? err_set(ncclRemoteError, "the connection is closed")
+                   : c->dir == CONN_SEND ? send_progress(c, np)
+                                         : recv_progress(c, np);
+  if (r != ncclSuccess) {
     context(c);
-  return r;
+    np->error = r;
+    snprintf(np->why, sizeof np->why, "%s", err_thread_last());
+  }
+  return ncclSuccess;
 }
 
 static int net_flushed(struct conn *c) {
@@ -175,7 +188,12 @@ static int net_flushed(struct conn *c) {
   return atomic_load(&np->head) == atomic_load(&np->tail);
 }
 
-static ncclResult_t net_check(struct conn *c) { return transport_peer_alive(c->comm, c->peer); }
+static ncclResult_t net_check(struct conn *c) {
+  struct net_priv *np = c->priv;
+  if (np->error != ncclSuccess)
+    return err_set(np->error, "%s", np->why);
+  return transport_peer_alive(c->comm, c->peer);
+}
 
 /* Closing the socket is how the peer learns: its next read sees the end. */
 static void net_poison(struct conn *c) {

@@ -49,6 +49,10 @@ struct net_plugin {
 
 extern const struct net_plugin net_socket_plugin;
 
+/* Whether a plugin of this name exists (NCCL_NET), with the sentence if
+ * not; init checks it before anything needs the network. */
+ncclResult_t net_check_name(const char *name);
+
 /* The plugin NCCL_NET names, initialised on first use. */
 ncclResult_t net_get_plugin(const struct net_plugin **out);
 

@@ -28,6 +28,10 @@ struct shm_ctrl {
   _Atomic uint64_t head;
   char pad1[LOOM_CACHE_LINE - sizeof(uint64_t)];
   _Atomic uint32_t failed[2]; /* indexed by the failing side's conn_dir */
+  /* Set by the sender once it has mapped the segment: until then the
+   * receiver must keep the name, or a receiver that finishes early (a
+   * Broadcast root) would remove it before the sender opens it. */
+  _Atomic uint32_t attached;
 };
 
 #define SHM_DATA_OFFSET 4096
@@ -105,8 +109,12 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
 
 static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t len) {
   struct shm_priv *sp = c->priv;
-  if (c->dir == CONN_RECV)
+  if (c->dir == CONN_RECV) {
+    if (!atomic_load(&((struct shm_ctrl *)sp->map)->attached))
+      return ncclInProgress;
+    sp->linked = 0; /* the sender unlinked it */
     return ncclSuccess;
+  }
   struct shm_info si;
   if (len != sizeof si)
     return err_set(ncclInternalError, "shm connection info from rank %d has %zu bytes, expected %zu", c->peer, len,
@@ -126,6 +134,7 @@ static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t le
   /* The sender maps last, so it removes the name. */
   shm_unlink(si.name);
   shm_attach(c, sp, si.capacity);
+  atomic_store(&((struct shm_ctrl *)sp->map)->attached, 1);
   return ncclSuccess;
 }
 

@@ -67,11 +67,16 @@ static ncclResult_t publish(struct conn *c) {
   struct conn_msg msg = {0};
   snprintf(msg.transport, sizeof msg.transport, "%s", c->tr->name);
   size_t len = sizeof msg.info;
-  CHECK(c->tr->setup(c, msg.info, &len));
+  ncclResult_t r = c->tr->setup(c, msg.info, &len);
+  if (r != ncclSuccess) {
+    err_context("rank %d: setting up the %s connection with rank %d over %s", comm->rank, dir_name(c->dir), c->peer,
+                c->tr->name);
+    return r;
+  }
   msg.len = (uint32_t)len;
-  ncclResult_t r = bootstrap_send(comm->boot, c->peer, conn_tag(c->kind, c->channel, c->dir), &msg, sizeof msg);
+  r = bootstrap_send(comm->boot, c->peer, conn_tag(c->kind, c->channel, c->dir), &msg, sizeof msg);
   if (r != ncclSuccess)
-    err_context("setting up the %s connection to rank %d", dir_name(c->dir), c->peer);
+    err_context("rank %d: setting up the %s connection to rank %d", comm->rank, dir_name(c->dir), c->peer);
   return r;
 }
 
@@ -102,7 +107,7 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
     struct conn *c = list[k];
     r = bootstrap_recv(c->comm->boot, c->peer, conn_tag(c->kind, c->channel, !c->dir), &msgs[k], sizeof msgs[k]);
     if (r != ncclSuccess) {
-      err_context("setting up the %s connection with rank %d", dir_name(c->dir), c->peer);
+      err_context("rank %d: setting up the %s connection with rank %d", c->comm->rank, dir_name(c->dir), c->peer);
       goto out;
     }
     msgs[k].transport[sizeof msgs[k].transport - 1] = '\0';
@@ -132,11 +137,15 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
         continue;
       }
       if (r != ncclInProgress) {
-        err_context("connecting to rank %d over %s", c->peer, c->tr->name);
+        err_context("rank %d: connecting to rank %d over %s", c->comm->rank, c->peer, c->tr->name);
         goto out;
       }
       if (c->comm->abort_flag) {
         r = err_set(ncclInvalidUsage, "the communicator was aborted while connecting to rank %d", c->peer);
+        goto out;
+      }
+      if (w.spins > 4096 && (r = transport_peer_alive(c->comm, c->peer)) != ncclSuccess) {
+        err_context("rank %d: connecting to rank %d over %s", c->comm->rank, c->peer, c->tr->name);
         goto out;
       }
       left++;

@@ -65,7 +65,8 @@ struct transport {
   ncclResult_t (*setup)(struct conn *c, void *info, size_t *info_len);
   /* Uses the peer's info; returns ncclInProgress until connected. */
   ncclResult_t (*connect)(struct conn *c, const void *peer_info, size_t len);
-  /* Moves posted slots (network transports); NULL where memory does it. */
+  /* Moves posted slots (network transports); NULL where memory does it.
+   * A failure is kept and returned by check, when a wait needs the peer. */
   ncclResult_t (*progress)(struct conn *c);
   /* Send side: whether every posted slot has left this process. */
   int (*flushed)(struct conn *c);

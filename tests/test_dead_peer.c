@@ -1,0 +1,122 @@
+/*
+ * A peer that dies (SIGKILL in the middle of a run of AllReduces) or stops
+ * answering (SIGSTOP) never hangs the others: they return an error from
+ * the collective that waits on it, naming a rank, within a bound. A killed
+ * peer is noticed by its exit (pidfd on one host, the closed connection
+ * across hosts), long before LOOM_TIMEOUT; a stopped one by LOOM_TIMEOUT.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "nccl.h"
+#include "test.h"
+
+enum { VICTIM = 1, ITERS = 100000, COUNT = 1 << 20, PROPAGATED = 3 };
+
+struct dead_cfg {
+  int stop; /* SIGSTOP instead of SIGKILL */
+  int separate_hosts;
+};
+
+static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  const struct dead_cfg *cfg = arg;
+  if (cfg->separate_hosts) {
+    /* Each rank its own host: sockets, and no pidfd to watch the others. */
+    char host[32];
+    snprintf(host, sizeof host, "fakehost%d", rank);
+    setenv("NCCL_HOSTID", host, 1);
+  }
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float *buf = calloc(COUNT, sizeof *buf);
+  for (int it = 0; it < ITERS; it++) {
+    if (rank == VICTIM && it == 2)
+      rank_signal('k'); /* the test kills or stops this process now */
+    ncclResult_t r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL);
+    if (r != ncclSuccess) {
+      const char *msg = ncclGetLastError(comm);
+      fprintf(stderr, "rank %d: iteration %d returned %s: %s\n", rank, it, ncclGetErrorString(r), msg);
+      RASSERT(r == ncclRemoteError || r == ncclSystemError, "unexpected result %d", (int)r);
+      RASSERT(strstr(msg, "AllReduce") != NULL && strstr(msg, "rank ") != NULL,
+              "the message should name the operation and a rank: %s", msg);
+      ncclCommAbort(comm);
+      /* A stopped peer is found by the timeout of some rank that waits
+       * (on it, or on a rank that waits on it); the others hear of that
+       * rank's failure. Naming the stopped rank itself is the hang
+       * report's job. */
+      if (cfg->stop && !strstr(msg, "LOOM_TIMEOUT"))
+        return PROPAGATED;
+      return 0;
+    }
+  }
+  return 1; /* the others never noticed */
+}
+
+static int dead_peer_run(struct dead_cfg *cfg, double bound_s) {
+  enum { N = 3 };
+  pid_t pids[N];
+  int events;
+  ASSERT(start_ranks(N, loop_rank, cfg, pids, &events) == 0);
+  char byte;
+  ASSERT(read(events, &byte, 1) == 1 && byte == 'k');
+  double t0 = now_s();
+  kill(pids[VICTIM], cfg->stop ? SIGSTOP : SIGKILL);
+  int failed = 0, named = 0;
+  for (int r = 0; r < N; r++) {
+    if (r == VICTIM)
+      continue;
+    int st;
+    while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
+      ;
+    double took = now_s() - t0;
+    printf("rank %d returned %.2f s after rank %d was %s\n", r, took, VICTIM, cfg->stop ? "stopped" : "killed");
+    named += WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!WIFEXITED(st) || (WEXITSTATUS(st) != 0 && !(cfg->stop && WEXITSTATUS(st) == PROPAGATED))) {
+      fprintf(stderr, "rank %d did not end as expected (status 0x%x)\n", r, st);
+      failed = 1;
+    }
+    if (took > bound_s) {
+      fprintf(stderr, "rank %d took %.2f s, more than the bound of %.0f s\n", r, took, bound_s);
+      failed = 1;
+    }
+  }
+  if (cfg->stop && named == 0) {
+    fprintf(stderr, "no rank reported the LOOM_TIMEOUT (rank %d was stopped)\n", VICTIM);
+    failed = 1;
+  }
+  kill(pids[VICTIM], SIGKILL);
+  waitpid(pids[VICTIM], NULL, 0);
+  return failed;
+}
+
+/* The default LOOM_TIMEOUT (600 s) is far above the bound: detection
+ * must come from the exit itself. */
+TEST_IMPL(dead_peer_shm) {
+  struct dead_cfg cfg = {0};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(dead_peer_socket) {
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  struct dead_cfg cfg = {.separate_hosts = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(stuck_peer_timeout_shm) {
+  setenv("LOOM_TIMEOUT", "2", 1);
+  struct dead_cfg cfg = {.stop = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(stuck_peer_timeout_socket) {
+  setenv("LOOM_TIMEOUT", "2", 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  struct dead_cfg cfg = {.stop = 1, .separate_hosts = 1};
+  return dead_peer_run(&cfg, 10);
+}
