@@ -1,0 +1,93 @@
+/*
+ * The benchmarks and the launcher, run as a user runs them: ranks as
+ * threads (-t) and as processes (loomrun), with checking on, every
+ * benchmark once. A benchmark that finds a wrong element exits non-zero.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test.h"
+
+/* Runs argv with stdout in a pipe; returns the exit status and the output. */
+static int run(char *const argv[], char *out, size_t len) {
+  int p[2];
+  ASSERT(pipe(p) == 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    dup2(p[1], 1);
+    close(p[0]);
+    close(p[1]);
+    execv(argv[0], argv);
+    perror(argv[0]);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t got = 0;
+  ssize_t n;
+  while ((n = read(p[0], out + got, len - 1 - got)) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0)
+      got += (size_t)n;
+  out[got] = '\0';
+  close(p[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  fputs(out, stdout);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char out[1 << 20];
+
+static int bench_ok(char *const argv[]) {
+  int rc = run(argv, out, sizeof out);
+  ASSERT_MSG(rc == 0, "%s exited with %d", argv[0], rc);
+  ASSERT_MSG(strstr(out, "# Out of bounds values : 0 OK") != NULL, "no clean check line");
+  ASSERT_MSG(strstr(out, "# Avg bus bandwidth") != NULL, "no closing bandwidth line");
+  return 0;
+}
+
+#define PERF(name) LOOM_PERF_DIR "/" name
+#define LOOMRUN LOOM_TOOLS_DIR "/loomrun"
+
+TEST_IMPL(perf_all_reduce_threads) {
+  char *argv[] = {PERF("all_reduce_perf"), "-b", "8", "-e", "1M", "-f", "16", "-t", "3", "-n", "3", "-w", "1",
+                  "-d", "all", "-o", "all", NULL};
+  return bench_ok(argv);
+}
+
+TEST_IMPL(perf_all_reduce_processes) {
+  char *argv[] = {LOOMRUN, "-n", "2", "--timeout", "100", PERF("all_reduce_perf"), "-b", "8", "-e", "4M", "-f", "8",
+                  "-t", "2", "-n", "3", "-w", "1", NULL};
+  if (bench_ok(argv))
+    return 1;
+  ASSERT(strstr(out, "#  Rank  3 Group") != NULL); /* 2 processes x 2 threads */
+  return 0;
+}
+
+TEST_IMPL(perf_every_benchmark) {
+  static const char *benches[] = {"all_gather_perf", "reduce_scatter_perf", "broadcast_perf", "reduce_perf",
+                                  "sendrecv_perf", "alltoall_perf"};
+  for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", LOOM_PERF_DIR, benches[i]);
+    char *argv[] = {LOOMRUN, "-n", "3", "--timeout", "100", path, "-b", "8", "-e", "2M", "-f", "32", "-n", "2",
+                    "-w", "1", NULL};
+    if (bench_ok(argv))
+      return 1;
+  }
+  return 0;
+}
+
+/* A rank that dies takes the launcher down with a non-zero status and a
+ * sentence saying which rank, instead of leaving the others waiting. */
+TEST_IMPL(perf_loomrun_failing_rank) {
+  char *argv[] = {LOOMRUN, "-n", "2", "--timeout", "60", "/bin/sh", "-c", "test \"$LOOM_RANK\" = 0 || exit 3", NULL};
+  int rc = run(argv, out, sizeof out);
+  ASSERT_MSG(rc == 3, "loomrun exited with %d, expected the failing rank's 3", rc);
+  return 0;
+}
