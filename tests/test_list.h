@@ -4,6 +4,7 @@
  * user program. The number is the time limit in seconds: the runner kills
  * the test and all its ranks when it passes.
  */
+UNIT_TEST(unit_abi, 30)
 UNIT_TEST(unit_param, 30)
 UNIT_TEST(unit_ifname, 30)
 UNIT_TEST(unit_schedule, 60)
