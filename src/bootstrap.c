@@ -232,6 +232,8 @@ static ncclResult_t read_message(struct bootstrap *b, int fd, struct boot_stash 
     WARN("bootstrap: rank %d dropped a connection that is not from a rank of this communicator", b->rank);
     return ncclInProgress;
   }
+  if (h.tag == BOOT_TAG_PING)
+    return ncclInProgress; /* a peer checking that this process is alive */
   struct boot_stash *s = malloc(sizeof *s + h.len);
   if (!s)
     return err_set(ncclSystemError, "out of memory for a %llu-byte bootstrap message", (unsigned long long)h.len);
@@ -250,12 +252,34 @@ static ncclResult_t read_message(struct bootstrap *b, int fd, struct boot_stash 
   return ncclSuccess;
 }
 
+/* A process that has exited leaves nothing listening on its bootstrap
+ * address, whatever host it was on; a probe that gets through says hello
+ * and goes, and one that cannot tell (a silent host) proves nothing. */
+static ncclResult_t probe(struct bootstrap *b, int peer) {
+  int fd = sock_probe(&b->peers[peer], time_ns() + GREETING_NS);
+  if (fd == -ECONNREFUSED) {
+    char a[SOCK_ADDR_STRLEN];
+    return err_set(ncclRemoteError, "rank %d is gone: nothing listens on its bootstrap address %s any more", peer,
+                   sock_addr_str(&b->peers[peer], a, sizeof a));
+  }
+  if (fd >= 0) {
+    struct msg_hdr h = {0};
+    memcpy(h.magic, msg_magic, sizeof h.magic);
+    h.secret = b->secret;
+    h.from = b->rank;
+    h.tag = BOOT_TAG_PING;
+    sock_send_all(fd, &h, sizeof h, time_ns() + GREETING_NS, "a probed rank");
+    close(fd);
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *data, size_t len) {
   pthread_mutex_lock(&b->lock);
   ncclResult_t r = ncclSuccess;
   struct boot_stash *s = stash_take(b, peer, tag);
   uint64_t deadline = deadline_from_timeout();
-  uint64_t next_check = time_ns() + 100000000ull;
+  uint64_t next_check = time_ns() + 100000000ull, next_probe = time_ns() + 1000000000ull;
   while (s == NULL) {
     if (b->abort_flag && *b->abort_flag) {
       r = err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", peer);
@@ -270,6 +294,10 @@ ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *d
     if (b->alive && now >= next_check) {
       next_check = now + 100000000ull;
       CHECK_GOTO(b->alive(b->alive_ctx, peer), r, out);
+    }
+    if (now >= next_probe) {
+      next_probe = now + 1000000000ull;
+      CHECK_GOTO(probe(b, peer), r, out);
     }
     int fd;
     r = sock_accept(b->listen_fd, LOOM_MIN(deadline, now + 100000000ull), &fd);

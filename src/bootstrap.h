@@ -21,6 +21,7 @@
 /* Tags of messages the bootstrap itself sends; other layers use tags below
  * BOOT_TAG_INTERNAL. */
 #define BOOT_TAG_INTERNAL (1ull << 62)
+#define BOOT_TAG_PING (1ull << 63)
 
 struct boot_stash;
 

@@ -32,6 +32,16 @@ static void free_tasks(struct ncclComm *comm) {
   comm->tasks_head = comm->tasks_tail = NULL;
 }
 
+/* Drops a group's queued operations without running them. */
+static void discard(struct ncclComm *list) {
+  for (struct ncclComm *c = list, *n; c; c = n) {
+    n = c->group_next;
+    free_tasks(c);
+    c->in_group = 0;
+    c->group_next = NULL;
+  }
+}
+
 static ncclResult_t launch(struct ncclComm *list) {
   int n = 0;
   for (struct ncclComm *c = list; c; c = c->group_next)
@@ -156,12 +166,7 @@ NCCL_API(ncclResult_t, ncclGroupEnd, void) {
   if (r == ncclSuccess && first_error != ncclSuccess)
     r = err_set(first_error, "an operation in this group failed, so the group ran nothing: %s", first_error_msg);
   if (r != ncclSuccess) {
-    for (struct ncclComm *c = list, *n; c; c = n) {
-      n = c->group_next;
-      free_tasks(c);
-      c->in_group = 0;
-      c->group_next = NULL;
-    }
+    discard(list);
     first_error = ncclSuccess;
     return api_finish(NULL, r);
   }
@@ -176,12 +181,7 @@ NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo) {
   if (depth == 0)
     return api_finish(NULL, err_set(ncclInvalidUsage, "ncclGroupSimulateEnd called without a matching ncclGroupStart"));
   if (--depth == 0) {
-    for (struct ncclComm *c = comms_head, *n; c; c = n) {
-      n = c->group_next;
-      free_tasks(c);
-      c->in_group = 0;
-      c->group_next = NULL;
-    }
+    discard(comms_head);
     comms_head = NULL;
     ncclResult_t r = run_jobs(jobs_head);
     jobs_head = jobs_tail = NULL;

@@ -29,7 +29,7 @@ void rank_signal(char byte) {
     perror("rank_signal");
 }
 
-static int write_all(int fd, const void *buf, size_t len) {
+int harness_write_all(int fd, const void *buf, size_t len) {
   const char *p = buf;
   while (len > 0) {
     ssize_t n = write(fd, p, len);
@@ -43,7 +43,7 @@ static int write_all(int fd, const void *buf, size_t len) {
   return 0;
 }
 
-static int read_all(int fd, void *buf, size_t len) {
+int harness_read_all(int fd, void *buf, size_t len) {
   char *p = buf;
   while (len > 0) {
     ssize_t n = read(fd, p, len);
@@ -85,9 +85,9 @@ int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
           _exit(2);
         }
         for (int q = 1; q < nranks; q++)
-          if (write_all(pipes[q][1], &id, sizeof id) != 0)
+          if (harness_write_all(pipes[q][1], &id, sizeof id) != 0)
             _exit(2);
-      } else if (read_all(pipes[r][0], &id, sizeof id) != 0) {
+      } else if (harness_read_all(pipes[r][0], &id, sizeof id) != 0) {
         fprintf(stderr, "rank %d: no unique id from rank 0\n", r);
         _exit(2);
       }

@@ -7,6 +7,7 @@
 #ifndef LOOM_HARNESS_H
 #define LOOM_HARNESS_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "nccl.h"
@@ -27,6 +28,10 @@ int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events);
 int wait_ranks(int nranks, pid_t *pids);
 /* From inside a rank: one byte to the test's `events` pipe. */
 void rank_signal(char byte);
+
+/* Whole reads and writes on pipes: 0, or -1 on error or end of file. */
+int harness_write_all(int fd, const void *buf, size_t len);
+int harness_read_all(int fd, void *buf, size_t len);
 
 /* Seconds since an arbitrary start, for measuring bounds. */
 double now_s(void);

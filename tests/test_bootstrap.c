@@ -64,34 +64,6 @@ int bt_allreduce_check(ncclComm_t comm, int rank, int nranks, char *why, size_t 
 static int parent_fds[128];
 static int n_parent_fds;
 
-static int bt_write_all(int fd, const void *buf, size_t len) {
-  const char *p = buf;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static int bt_read_all(int fd, void *buf, size_t len) {
-  char *p = buf;
-  while (len > 0) {
-    ssize_t n = read(fd, p, len);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 static void bt_kid_start(struct bt_kid *k, bt_kid_fn fn, void *arg) {
   int to[2], from[2];
   ASSERT(pipe(to) == 0 && pipe(from) == 0);
@@ -119,9 +91,9 @@ static void bt_kid_start(struct bt_kid *k, bt_kid_fn fn, void *arg) {
   parent_fds[n_parent_fds++] = from[0];
 }
 
-static void bt_kid_send_id(struct bt_kid *k, const ncclUniqueId *id) { ASSERT(bt_write_all(k->to, id, sizeof *id) == 0); }
+static void bt_kid_send_id(struct bt_kid *k, const ncclUniqueId *id) { ASSERT(harness_write_all(k->to, id, sizeof *id) == 0); }
 
-static void bt_kid_go(struct bt_kid *k, char byte) { ASSERT(bt_write_all(k->to, &byte, 1) == 0); }
+static void bt_kid_go(struct bt_kid *k, char byte) { ASSERT(harness_write_all(k->to, &byte, 1) == 0); }
 
 /* Says how a kid ended, for a message about a kid that sent no record. */
 static const char *kid_status(struct bt_kid *k, char *buf, size_t len) {
@@ -140,7 +112,7 @@ static const char *kid_status(struct bt_kid *k, char *buf, size_t len) {
 }
 
 static void bt_kid_rec(struct bt_kid *k, const char *who, struct bt_rec *rec) {
-  if (bt_read_all(k->from, rec, sizeof *rec) != 0) {
+  if (harness_read_all(k->from, rec, sizeof *rec) != 0) {
     char st[128];
     ASSERT_MSG(0, "%s sent no record: %s", who, kid_status(k, st, sizeof st));
   }
@@ -166,7 +138,7 @@ static void bt_put(int out, char kind, int code, double secs, const char *fmt, .
   va_start(ap, fmt);
   vsnprintf(r.msg, sizeof r.msg, fmt, ap);
   va_end(ap);
-  if (bt_write_all(out, &r, sizeof r) != 0)
+  if (harness_write_all(out, &r, sizeof r) != 0)
     _exit(4);
 }
 
@@ -200,7 +172,7 @@ int bt_allreduce_check(ncclComm_t comm, int rank, int nranks, char *why, size_t 
 static void bt_rank_kid(int in, int out, void *arg) {
   const struct bt_rank_opts *o = arg;
   ncclUniqueId id;
-  if (bt_read_all(in, &id, sizeof id) != 0)
+  if (harness_read_all(in, &id, sizeof id) != 0)
     _exit(3);
   ncclComm_t comm = NULL;
   double t0 = now_s();
@@ -540,7 +512,7 @@ static void listener_kid(int in, int out, void *arg) {
   setenv("NCCL_DEBUG_SUBSYS", "BOOTSTRAP", 1);
   setenv("NCCL_DEBUG_FILE", path, 1);
   ncclUniqueId id;
-  if (bt_read_all(in, &id, sizeof id) != 0)
+  if (harness_read_all(in, &id, sizeof id) != 0)
     _exit(3);
   ncclComm_t comm, child;
   ncclResult_t r = ncclCommInitRank(&comm, o->nranks, id, o->rank);
@@ -560,7 +532,7 @@ static void listener_kid(int in, int out, void *arg) {
   }
   bt_put(out, 'L', 0, 0, "%s", addr);
   char go;
-  if (bt_read_all(in, &go, 1) != 0)
+  if (harness_read_all(in, &go, 1) != 0)
     _exit(3);
   /* Collectives that need no bootstrap, while the garbage arrives. */
   for (int i = 0; i < 20; i++)
@@ -568,7 +540,7 @@ static void listener_kid(int in, int out, void *arg) {
       bt_put(out, 'R', -1, 0, "rank %d, AllReduce %d during the garbage: %s", o->rank, i, why);
       return;
     }
-  if (bt_read_all(in, &go, 1) != 0)
+  if (harness_read_all(in, &go, 1) != 0)
     _exit(3);
   /* The split's all-gathers go over the listener the garbage queued on. */
   r = ncclCommSplit(comm, 0, o->nranks - 1 - o->rank, &child, NULL);

@@ -120,3 +120,31 @@ TEST_IMPL(stuck_peer_timeout_socket) {
   struct dead_cfg cfg = {.stop = 1, .separate_hosts = 1};
   return dead_peer_run(&cfg, 10);
 }
+
+/* A rank that dies after init, before the first collective: the others
+ * are still setting up connections over the bootstrap when they need it,
+ * and even on another host (no pidfd) its closed bootstrap port says it
+ * is gone. */
+static int early_exit_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  char host[32];
+  snprintf(host, sizeof host, "fakehost%d", rank);
+  setenv("NCCL_HOSTID", host, 1);
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  if (rank == VICTIM)
+    _exit(0); /* gone without a word, like a crash */
+  float buf[16] = {0};
+  double t0 = now_s();
+  ncclResult_t r = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, NULL);
+  const char *msg = ncclGetLastError(comm);
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, ncclGetErrorString(r), now_s() - t0, msg);
+  RASSERT(r == ncclRemoteError, "expected ncclRemoteError, got %d", (int)r);
+  RASSERT(now_s() - t0 < 10, "took %.1f s to notice", now_s() - t0);
+  ncclCommAbort(comm);
+  return 0;
+}
+
+TEST_IMPL(dead_peer_before_first_collective) {
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  return run_ranks(3, early_exit_rank, NULL);
+}

@@ -287,6 +287,27 @@ ncclResult_t sock_connect(const union sock_addr *addr, uint64_t deadline, int re
   }
 }
 
+int sock_probe(const union sock_addr *addr, uint64_t deadline) {
+  int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s < 0)
+    return -errno;
+  int e = connect(s, &addr->sa, sock_addr_len(addr)) == 0 ? 0 : errno;
+  if (e == EINPROGRESS) {
+    if (!wait_fd(s, POLLOUT, deadline)) {
+      close(s);
+      return -ETIMEDOUT;
+    }
+    socklen_t len = sizeof e;
+    getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &len);
+  }
+  if (e != 0) {
+    close(s);
+    return -e;
+  }
+  fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+  return s;
+}
+
 ncclResult_t sock_accept(int listen_fd, uint64_t deadline, int *fd) {
   for (;;) {
     if (!wait_fd(listen_fd, POLLIN, deadline))

@@ -57,6 +57,11 @@ ncclResult_t sock_connect(const union sock_addr *addr, uint64_t deadline, int re
  * deadline passes with none (the caller decides whether that is an error). */
 ncclResult_t sock_accept(int listen_fd, uint64_t deadline, int *fd);
 
+/* Whether anything listens at `addr`: a connected socket (>= 0), or
+ * -ECONNREFUSED when nothing does, or another -errno when it cannot tell
+ * by `deadline` (an unreachable or silent host). */
+int sock_probe(const union sock_addr *addr, uint64_t deadline);
+
 ncclResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline, const char *what);
 ncclResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline, const char *what);
 
