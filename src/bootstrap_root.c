@@ -57,11 +57,24 @@ static void reply_error(int fd, ncclResult_t status, const char *msg) {
 
 /* Tells every rank that joined, and all that come later, that the job
  * cannot form. */
+/* The root may live in a rank's process: a rank there that has its answer
+ * may return and exit, taking the root with it, so ranks elsewhere are
+ * answered first. */
+static int answer_order(const struct root *rt, int k) {
+  int pid = (int)getpid(), n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < rt->nranks; i++)
+      if ((rt->hellos[i].pid == pid) == (pass == 1) && n++ == k)
+        return i;
+  return -1;
+}
+
 static void fail_job(struct root *rt, ncclResult_t code, const char *msg) {
   WARN("bootstrap root at %s: %s", rt->where, msg);
   rt->failed = code;
   snprintf(rt->failed_msg, sizeof rt->failed_msg, "%s", msg);
-  for (int i = 0; i < rt->nranks; i++) {
+  for (int k = 0; k < rt->nranks; k++) {
+    int i = answer_order(rt, k);
     if (rt->fds[i] >= 0)
       reply_error(rt->fds[i], code, msg);
     rt->fds[i] = -1;
@@ -196,7 +209,8 @@ static void answer_all(struct root *rt) {
   struct root_reply ok = {0};
   memcpy(ok.magic, reply_magic, sizeof ok.magic);
   ok.nranks = rt->nranks;
-  for (int i = 0; i < rt->nranks; i++) {
+  for (int k = 0; k < rt->nranks; k++) {
+    int i = answer_order(rt, k);
     uint64_t dl = time_ns() + GREETING_NS * 5;
     if (sock_send_all(rt->fds[i], &ok, sizeof ok, dl, "a joining rank") != ncclSuccess ||
         sock_send_all(rt->fds[i], rt->addrs, sizeof *rt->addrs * rt->nranks, dl, "a joining rank") != ncclSuccess)

@@ -95,8 +95,21 @@ static void log_host_once(void) {
 #endif
   if (cores < 0)
     cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (numa < 0) {
+    /* sysfs lists one nodeN directory per NUMA node; a kernel without
+     * NUMA has one node. */
+    numa = 0;
+    char path[64];
+    for (int i = 0; i < 1024; i++) {
+      snprintf(path, sizeof path, "/sys/devices/system/node/node%d", i);
+      if (access(path, F_OK) == 0)
+        numa++;
+    }
+    if (numa == 0)
+      numa = 1;
+  }
   INFO(LOG_INIT, "host: %d cores, %d NUMA node%s (%s)", cores, numa, numa == 1 ? "" : "s",
-       LOOM_HAVE_HWLOC ? "hwloc" : LOOM_HAVE_NUMA ? "libnuma" : "sysconf");
+       LOOM_HAVE_HWLOC ? "hwloc" : LOOM_HAVE_NUMA ? "libnuma" : "sysfs");
 }
 
 void topo_log_host(void) {
