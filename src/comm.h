@@ -28,7 +28,8 @@ struct peer_info {
   int32_t shm_disabled;
   int32_t cuda_dev;
   int32_t nchannels_wanted;
-  int32_t pad;
+  int32_t p2p_disabled;
+  char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
 };
 
 struct channel {
@@ -71,6 +72,10 @@ struct ncclComm {
 
   struct user_op *user_ops;
   int n_user_ops;
+
+  /* The CUDA executor's state (streams, device status, proxy thread);
+   * NULL on host communicators. */
+  struct cuda_comm *cuda;
 
   /* Set by ncclCommAbort or by a failure; every wait polls it. */
   volatile int abort_flag;

@@ -2,6 +2,7 @@
 #include "core.h"
 #include "comm.h"
 #include "exec/host_exec.h"
+#include "exec/slot.h"
 #include "exec/dtype.h"
 #include "exec/reduce.h"
 #include "transport/transport.h"
@@ -10,76 +11,22 @@
 #include <stdio.h>
 #include <string.h>
 
-static uint8_t op_code(const struct task *t) {
-  if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER || t->coll == COLL_SEND || t->coll == COLL_RECV)
-    return 0;
-  return t->op < ncclNumOps ? (uint8_t)t->op : (uint8_t)ncclNumOps;
-}
-
-static const char *op_label(int code) {
-  static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-  return code >= 0 && code <= ncclNumOps ? names[code] : "?";
-}
-
-static void describe_hdr(const struct slot_hdr *h, char *buf, size_t len) {
-  int coll = h->coll;
-  int n = snprintf(buf, len, "%s(count %llu, %s", coll_name(coll), (unsigned long long)h->count,
-                   dtype_name(h->dtype));
-  if (coll == COLL_REDUCE || coll == COLL_ALLREDUCE || coll == COLL_REDUCESCATTER)
-    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", %s", op_label(h->op));
-  if (coll == COLL_REDUCE || coll == COLL_BROADCAST)
-    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", root %d", h->root);
-  snprintf(buf + n, len > (size_t)n ? len - n : 0, ")");
-}
-
 static void fill_hdr(const struct work *w, struct slot_hdr *h, size_t bytes) {
-  const struct task *t = w->task;
-  h->count = t->count;
+  slot_mine(w->task, w->seq, w->send->comm->rank, h);
   h->bytes = (uint32_t)bytes;
-  h->coll = (uint8_t)t->coll;
-  h->dtype = (uint8_t)t->dtype;
-  h->op = op_code(t);
-  h->root = (t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) ? t->root : -1;
-  h->sender = (uint32_t)w->send->comm->rank;
-  h->seq = w->seq;
 }
 
 /* The receiver compares what the sender wrote with its own call: the
  * first slot of a mismatched call names the disagreement instead of
  * corrupting data or hanging. */
 static ncclResult_t check_hdr(const struct work *w, const struct slot_hdr *h, size_t bytes) {
-  struct slot_hdr mine;
-  const struct task *t = w->task;
-  mine.count = t->count;
-  mine.coll = (uint8_t)(t->coll == COLL_RECV ? COLL_SEND : t->coll);
-  mine.dtype = (uint8_t)t->dtype;
-  mine.op = op_code(t);
-  mine.root = (t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) ? t->root : -1;
-  int p2p = t->coll == COLL_RECV;
-  if (h->coll == mine.coll && h->dtype == mine.dtype && h->count == mine.count && h->op == mine.op &&
-      h->root == mine.root && (p2p || h->seq == w->seq) && h->bytes == bytes)
+  struct slot_hdr want;
+  slot_expect(w->task, w->seq, &want);
+  want.bytes = (uint32_t)bytes;
+  int check_seq = w->task->coll != COLL_RECV;
+  if (slot_matches(&want, h, check_seq))
     return ncclSuccess;
-  char theirs[160], ours[160];
-  describe_hdr(h, theirs, sizeof theirs);
-  int me = w->recv->comm->rank;
-  if (p2p) {
-    mine.coll = COLL_RECV;
-    describe_hdr(&mine, ours, sizeof ours);
-    return err_set(ncclInvalidUsage,
-                   "rank %d posted %s from rank %d, but rank %d's matching call is %s: send and receive must "
-                   "have the same count and datatype",
-                   me, ours, w->recv->peer, (int)h->sender, theirs);
-  }
-  describe_hdr(&mine, ours, sizeof ours);
-  if (h->seq != w->seq && h->coll == mine.coll && h->count == mine.count && h->dtype == mine.dtype)
-    return err_set(ncclInvalidUsage,
-                   "rank %d is in collective #%llu %s but rank %d sent data for its collective #%llu: the ranks "
-                   "called a different number of collectives",
-                   me, (unsigned long long)w->seq, ours, (int)h->sender, (unsigned long long)h->seq);
-  return err_set(ncclInvalidUsage,
-                 "rank %d called %s as collective #%llu but rank %d called %s: every rank must make the same "
-                 "collective calls with the same arguments",
-                 me, ours, (unsigned long long)w->seq, (int)h->sender, theirs);
+  return slot_mismatch(&want, h, w->recv->comm->rank, w->recv->peer, check_seq);
 }
 
 /* One slot's worth of the current step, if its FIFOs allow it now. */

@@ -8,6 +8,7 @@
  */
 #include "core.h"
 #include "comm.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/net.h"
 #include "transport/transport.h"
@@ -18,14 +19,23 @@
 #include <string.h>
 #include <strings.h>
 
+/* The FIFO's counters share the FIFO's allocation, so that on a CUDA
+ * communicator one registration makes both visible to kernels. */
+struct net_ctrl {
+  _Atomic uint64_t tail;
+  char pad0[LOOM_CACHE_LINE - sizeof(uint64_t)];
+  _Atomic uint64_t head;
+};
+#define NET_DATA_OFFSET 4096
+
 struct net_priv {
   const struct net_plugin *p;
   int dev;
   void *listen_comm, *comm;
-  char *mem;
+  char *mem; /* net_ctrl, then the slots at NET_DATA_OFFSET */
   size_t mem_size;
+  void *dev_mem;
   void *mhandle;
-  _Atomic uint64_t tail, head;
   uint64_t posted; /* send: slots handed to isend; recv: slots given to irecv */
   void *reqs[NCCL_STEPS];
   /* A failed connection is reported only when the executor waits on it:
@@ -80,14 +90,25 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   CHECK(net_get_plugin(&np->p));
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
   size_t stride = SLOT_HDR_BYTES + capacity;
-  np->mem_size = NCCL_STEPS * stride;
+  np->mem_size = NET_DATA_OFFSET + NCCL_STEPS * stride;
   if (posix_memalign((void **)&np->mem, 4096, np->mem_size) != 0)
     return err_set(ncclSystemError, "out of memory for a %zu-byte network FIFO", np->mem_size);
-  c->fifo.base = np->mem;
+  memset(np->mem, 0, sizeof(struct net_ctrl));
+  struct net_ctrl *ctrl = (struct net_ctrl *)np->mem;
+  c->fifo.base = np->mem + NET_DATA_OFFSET;
   c->fifo.capacity = capacity;
   c->fifo.stride = stride;
-  c->fifo.tail = &np->tail;
-  c->fifo.head = &np->head;
+  c->fifo.tail = &ctrl->tail;
+  c->fifo.head = &ctrl->head;
+  if (!c->comm->is_host) {
+    /* Kernels write the slots the proxy thread sends, and read those it
+     * receives, in this pinned host memory. */
+    CHECK(cuda_host_register(np->mem, np->mem_size, &np->dev_mem, "a network FIFO"));
+    char *d = np->dev_mem;
+    c->dev.base = d + NET_DATA_OFFSET;
+    c->dev.tail = (uint64_t *)(d + offsetof(struct net_ctrl, tail));
+    c->dev.head = (uint64_t *)(d + offsetof(struct net_ctrl, head));
+  }
   if (c->dir == CONN_SEND) {
     *len = 0;
     return ncclSuccess;
@@ -123,7 +144,7 @@ static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t le
 }
 
 static ncclResult_t send_progress(struct conn *c, struct net_priv *np) {
-  uint64_t tail = atomic_load_explicit(&np->tail, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_acquire);
   while (np->posted < tail) {
     struct slot_hdr *h = fifo_hdr(&c->fifo, np->posted);
     void *req = NULL;
@@ -133,19 +154,19 @@ static ncclResult_t send_progress(struct conn *c, struct net_priv *np) {
     np->reqs[np->posted % NCCL_STEPS] = req;
     np->posted++;
   }
-  uint64_t head = atomic_load_explicit(&np->head, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(c->fifo.head, memory_order_relaxed);
   while (head < np->posted) {
     int done = 0;
     CHECK(np->p->test(np->reqs[head % NCCL_STEPS], &done, NULL));
     if (!done)
       break;
-    atomic_store_explicit(&np->head, ++head, memory_order_release);
+    atomic_store_explicit(c->fifo.head, ++head, memory_order_release);
   }
   return ncclSuccess;
 }
 
 static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
-  uint64_t head = atomic_load_explicit(&np->head, memory_order_acquire);
+  uint64_t head = atomic_load_explicit(c->fifo.head, memory_order_acquire);
   while (np->posted < head + NCCL_STEPS) {
     void *req = NULL;
     CHECK(np->p->irecv(np->comm, fifo_hdr(&c->fifo, np->posted), c->fifo.stride, np->mhandle, &req));
@@ -154,7 +175,7 @@ static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
     np->reqs[np->posted % NCCL_STEPS] = req;
     np->posted++;
   }
-  uint64_t tail = atomic_load_explicit(&np->tail, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_relaxed);
   while (tail < np->posted) {
     int done = 0;
     size_t size = 0;
@@ -163,7 +184,7 @@ static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
       break;
     if (size < SLOT_HDR_BYTES || size != SLOT_HDR_BYTES + fifo_hdr(&c->fifo, tail)->bytes)
       return err_set(ncclRemoteError, "received a malformed %zu-byte slot", size);
-    atomic_store_explicit(&np->tail, ++tail, memory_order_release);
+    atomic_store_explicit(c->fifo.tail, ++tail, memory_order_release);
   }
   return ncclSuccess;
 }
@@ -183,10 +204,7 @@ static ncclResult_t net_progress(struct conn *c) {
   return ncclSuccess;
 }
 
-static int net_flushed(struct conn *c) {
-  struct net_priv *np = c->priv;
-  return atomic_load(&np->head) == atomic_load(&np->tail);
-}
+static int net_flushed(struct conn *c) { return atomic_load(c->fifo.head) == atomic_load(c->fifo.tail); }
 
 static ncclResult_t net_check(struct conn *c) {
   struct net_priv *np = c->priv;
@@ -214,6 +232,8 @@ static void net_free(struct conn *c) {
   net_poison(c);
   if (np->listen_comm)
     np->p->close_listen(np->listen_comm);
+  if (np->dev_mem)
+    cuda_host_unregister(np->mem);
   free(np->mem);
   free(np);
   c->priv = NULL;

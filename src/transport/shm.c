@@ -8,6 +8,7 @@
  */
 #include "core.h"
 #include "comm.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
@@ -28,10 +29,6 @@ struct shm_ctrl {
   _Atomic uint64_t head;
   char pad1[LOOM_CACHE_LINE - sizeof(uint64_t)];
   _Atomic uint32_t failed[2]; /* indexed by the failing side's conn_dir */
-  /* Set by the sender once it has mapped the segment: until then the
-   * receiver must keep the name, or a receiver that finishes early (a
-   * Broadcast root) would remove it before the sender opens it. */
-  _Atomic uint32_t attached;
 };
 
 #define SHM_DATA_OFFSET 4096
@@ -46,7 +43,8 @@ struct shm_priv {
   char name[64];
   void *map;
   size_t size;
-  int linked; /* this side must still unlink the name */
+  int linked;     /* this side must still unlink the name */
+  void *dev_map;  /* the mapping as the GPU sees it (CUDA communicators) */
 };
 
 static int shm_can_connect(struct ncclComm *comm, int peer) {
@@ -54,13 +52,23 @@ static int shm_can_connect(struct ncclComm *comm, int peer) {
   return me->host_hash == p->host_hash && !me->shm_disabled && !p->shm_disabled;
 }
 
-static void shm_attach(struct conn *c, struct shm_priv *sp, size_t capacity) {
+/* On a CUDA communicator kernels read and write the segment directly:
+ * device buffers cross through this pinned host memory. */
+static ncclResult_t shm_attach(struct conn *c, struct shm_priv *sp, size_t capacity) {
   struct shm_ctrl *ctrl = sp->map;
   c->fifo.base = (char *)sp->map + SHM_DATA_OFFSET;
   c->fifo.capacity = capacity;
   c->fifo.stride = SLOT_HDR_BYTES + capacity;
   c->fifo.tail = &ctrl->tail;
   c->fifo.head = &ctrl->head;
+  if (c->comm->is_host)
+    return ncclSuccess;
+  CHECK(cuda_host_register(sp->map, sp->size, &sp->dev_map, "a shared-memory FIFO"));
+  char *d = sp->dev_map;
+  c->dev.base = d + SHM_DATA_OFFSET;
+  c->dev.tail = (uint64_t *)(d + offsetof(struct shm_ctrl, tail));
+  c->dev.head = (uint64_t *)(d + offsetof(struct shm_ctrl, head));
+  return ncclSuccess;
 }
 
 static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
@@ -97,7 +105,7 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
     return err_set(ncclSystemError, "mmap of %zu bytes of shared memory failed: %s", sp->size, strerror(errno));
   }
   memset(sp->map, 0, sizeof(struct shm_ctrl));
-  shm_attach(c, sp, capacity);
+  CHECK(shm_attach(c, sp, capacity));
   struct shm_info *si = info;
   memset(si, 0, sizeof *si);
   snprintf(si->name, sizeof si->name, "%s", sp->name);
@@ -109,12 +117,8 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
 
 static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t len) {
   struct shm_priv *sp = c->priv;
-  if (c->dir == CONN_RECV) {
-    if (!atomic_load(&((struct shm_ctrl *)sp->map)->attached))
-      return ncclInProgress;
-    sp->linked = 0; /* the sender unlinked it */
-    return ncclSuccess;
-  }
+  if (c->dir == CONN_RECV)
+    return ncclSuccess; /* the sender maps it; connection setup waits for its word */
   struct shm_info si;
   if (len != sizeof si)
     return err_set(ncclInternalError, "shm connection info from rank %d has %zu bytes, expected %zu", c->peer, len,
@@ -133,8 +137,7 @@ static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t le
   sp->size = si.size;
   /* The sender maps last, so it removes the name. */
   shm_unlink(si.name);
-  shm_attach(c, sp, si.capacity);
-  atomic_store(&((struct shm_ctrl *)sp->map)->attached, 1);
+  CHECK(shm_attach(c, sp, si.capacity));
   return ncclSuccess;
 }
 
@@ -158,10 +161,12 @@ static void shm_free(struct conn *c) {
   struct shm_priv *sp = c->priv;
   if (!sp)
     return;
+  if (sp->dev_map)
+    cuda_host_unregister(sp->map);
   if (sp->map)
     munmap(sp->map, sp->size);
   if (sp->linked && c->dir == CONN_RECV)
-    shm_unlink(sp->name); /* the sender never mapped it: ENOENT is fine */
+    shm_unlink(sp->name); /* unless the sender already did: ENOENT is fine */
   free(sp);
   c->priv = NULL;
 }

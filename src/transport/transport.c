@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 /* In order of preference. */
-static const struct transport *const transports[] = {&transport_shm, &transport_net};
+static const struct transport *const transports[] = {&transport_p2p, &transport_shm, &transport_net};
 
 struct conn_msg {
   char transport[16];
@@ -25,6 +25,8 @@ struct conn_msg {
   uint32_t pad;
   char info[CONN_INFO_BYTES];
 };
+
+#define ACK_TAG (1ull << 40)
 
 static uint64_t conn_tag(int kind, int channel, int dir) {
   return (1ull << 61) | ((uint64_t)kind << 16) | ((uint64_t)channel << 8) | (uint64_t)dir;
@@ -158,6 +160,24 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
       goto out;
     }
     wait_pause(&w);
+  }
+  /* Each side tells its peer that it now holds what the peer shared
+   * (a segment, an IPC handle), so that neither frees memory the other has
+   * not mapped yet, whichever finishes its first operation sooner. */
+  for (k = 0; k < total; k++) {
+    char ack = 1;
+    struct conn *c = list[k];
+    CHECK_GOTO(bootstrap_send(c->comm->boot, c->peer, conn_tag(c->kind, c->channel, c->dir) | ACK_TAG, &ack, 1), r,
+               out);
+  }
+  for (k = 0; k < total; k++) {
+    char ack;
+    struct conn *c = list[k];
+    r = bootstrap_recv(c->comm->boot, c->peer, conn_tag(c->kind, c->channel, !c->dir) | ACK_TAG, &ack, 1);
+    if (r != ncclSuccess) {
+      err_context("rank %d: finishing the %s connection with rank %d", c->comm->rank, dir_name(c->dir), c->peer);
+      goto out;
+    }
   }
   for (int i = 0; i < ncomms; i++)
     comms[i]->pending = NULL;

@@ -15,26 +15,13 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "transport/slot.h"
 
 struct ncclComm;
 struct conn;
 
 enum conn_dir { CONN_SEND = 0, CONN_RECV = 1 };
 enum conn_kind { CONN_RING = 0, CONN_P2P = 1 };
-
-struct slot_hdr {
-  uint64_t count;  /* the sender's count argument */
-  uint32_t bytes;  /* payload bytes in this slot */
-  uint8_t coll;    /* enum coll_kind */
-  uint8_t dtype;
-  uint8_t op;      /* built-in op, or ncclNumOps for a user op */
-  uint8_t pad;
-  int32_t root;
-  uint32_t sender; /* rank that wrote the slot */
-  uint64_t seq;    /* the sender's operation number on this connection */
-};
-#define SLOT_HDR_BYTES 64
-_Static_assert(sizeof(struct slot_hdr) <= SLOT_HDR_BYTES, "slot header too large");
 
 struct fifo {
   char *base;          /* NCCL_STEPS slots of `stride` bytes */
@@ -91,9 +78,17 @@ struct conn {
   uint64_t step;     /* slots this side produced (send) or consumed (recv) */
   uint64_t op_seq;   /* operations this side started on the connection */
   void *priv;        /* the transport's own state */
+  /* The same FIFO as a GPU sees it, on CUDA communicators: where kernels
+   * read and write slots and counters (device or mapped host addresses). */
+  struct {
+    char *base;
+    uint64_t *tail, *head;
+  } dev;
+  int proxied;       /* a CUDA communicator's proxy thread drives it */
   struct conn *next_pending;
 };
 
+extern const struct transport transport_p2p;
 extern const struct transport transport_shm;
 extern const struct transport transport_net;
 

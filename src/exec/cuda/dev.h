@@ -1,0 +1,86 @@
+/*
+ * What the CUDA executor hands its kernel: plain structures shared by the
+ * host code that builds a launch (launch.c) and the kernel (kernel.cu).
+ * A launch runs one communicator's group: one thread block per lane, each
+ * walking its works' schedule steps in order, one FIFO slot at a time,
+ * exactly as the host executor does.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_CUDA_DEV_H
+#define LOOM_CUDA_DEV_H
+
+#include <stdint.h>
+
+#include "algorithms/schedule.h"
+#include "exec/reduce.h"
+#include "transport/slot.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One side of a connection as the GPU sees it; base is NULL when unused. */
+struct dev_conn {
+  char *base;         /* slot 0, device-visible */
+  uint64_t stride;    /* bytes per slot, header included */
+  uint64_t *tail;     /* slots posted by the sender */
+  uint64_t *head;     /* slots released by the receiver */
+  uint64_t step;      /* this side's slot counter when the work starts */
+  int32_t peer;
+  int32_t pad;
+};
+
+struct dev_work {
+  const char *src;
+  char *dst;
+  const struct step *steps;
+  uint32_t nsteps;
+  uint32_t esize;
+  uint64_t piece;          /* elements per slot */
+  struct red_op red;
+  const void *scalar_dev;  /* PreMulSum scalar read on the device, or NULL */
+  struct slot_hdr mine;    /* what this rank writes into the slots it sends */
+  struct slot_hdr expect;  /* what it must find in the slots it receives */
+  int32_t check_seq;       /* collectives compare sequence numbers, p2p not */
+  int32_t pad;
+  struct dev_conn send, recv;
+};
+
+struct dev_lane {
+  uint32_t first, count; /* works [first, first + count) */
+};
+
+/* In mapped host memory, one per communicator: the proxy thread tells
+ * running kernels to stop, and a kernel says why it stopped. */
+struct dev_status {
+  volatile int32_t abort;
+  volatile int32_t error;  /* DEV_ERR_* */
+  volatile int32_t lane, work, step;
+  int32_t pad;
+  struct slot_hdr got, want;
+};
+
+enum { DEV_ERR_NONE = 0, DEV_ERR_MISMATCH = 1, DEV_ERR_ABORTED = 2 };
+
+struct dev_plan {
+  uint32_t nlanes, nworks;
+  struct dev_status *status; /* device pointer */
+  const struct dev_lane *lanes;
+  const struct dev_work *works;
+};
+
+#define DEV_THREADS 512
+
+/* Launches the plan (already in device memory at `plan`) with `nlanes`
+ * blocks on `stream`; the CUDA error code, 0 on success. */
+int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream);
+
+/* For the kernel bandwidth benchmark: dst = a OP b over n elements with
+ * the executor's reduction loop on a full grid. */
+int cuda_bench_reduce(const struct red_op *op, void *dst, const void *a, const void *b, uint64_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

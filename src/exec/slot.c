@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "exec/dtype.h"
+#include "exec/slot.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static uint8_t op_code(const struct task *t) {
+  if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER || t->coll == COLL_SEND || t->coll == COLL_RECV)
+    return 0;
+  return t->op < ncclNumOps ? (uint8_t)t->op : (uint8_t)ncclNumOps;
+}
+
+static const char *op_label(int code) {
+  static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  return code >= 0 && code <= ncclNumOps ? names[code] : "?";
+}
+
+static void describe(const struct slot_hdr *h, char *buf, size_t len) {
+  int coll = h->coll;
+  int n = snprintf(buf, len, "%s(count %llu, %s", coll_name(coll), (unsigned long long)h->count,
+                   dtype_name(h->dtype));
+  if (coll == COLL_REDUCE || coll == COLL_ALLREDUCE || coll == COLL_REDUCESCATTER)
+    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", %s", op_label(h->op));
+  if (coll == COLL_REDUCE || coll == COLL_BROADCAST)
+    n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", root %d", h->root);
+  snprintf(buf + n, len > (size_t)n ? len - n : 0, ")");
+}
+
+static void common(const struct task *t, uint64_t seq, struct slot_hdr *h) {
+  memset(h, 0, sizeof *h);
+  h->count = t->count;
+  h->dtype = (uint8_t)t->dtype;
+  h->op = op_code(t);
+  h->root = (t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) ? t->root : -1;
+  h->seq = seq;
+}
+
+void slot_mine(const struct task *t, uint64_t seq, int rank, struct slot_hdr *h) {
+  common(t, seq, h);
+  h->coll = (uint8_t)t->coll;
+  h->sender = (uint32_t)rank;
+}
+
+void slot_expect(const struct task *t, uint64_t seq, struct slot_hdr *h) {
+  common(t, seq, h);
+  h->coll = (uint8_t)(t->coll == COLL_RECV ? COLL_SEND : t->coll);
+}
+
+int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int check_seq) {
+  return got->coll == want->coll && got->dtype == want->dtype && got->count == want->count && got->op == want->op &&
+         got->root == want->root && (!check_seq || got->seq == want->seq) && got->bytes == want->bytes;
+}
+
+ncclResult_t slot_mismatch(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer, int check_seq) {
+  char theirs[160], ours[160];
+  describe(got, theirs, sizeof theirs);
+  struct slot_hdr mine = *want;
+  if (!check_seq) {
+    mine.coll = COLL_RECV;
+    describe(&mine, ours, sizeof ours);
+    return err_set(ncclInvalidUsage,
+                   "rank %d posted %s from rank %d, but rank %d's matching call is %s: send and receive must "
+                   "have the same count and datatype",
+                   me, ours, peer, (int)got->sender, theirs);
+  }
+  describe(&mine, ours, sizeof ours);
+  if (got->seq != want->seq && got->coll == mine.coll && got->count == mine.count && got->dtype == mine.dtype)
+    return err_set(ncclInvalidUsage,
+                   "rank %d is in collective #%llu %s but rank %d sent data for its collective #%llu: the ranks "
+                   "called a different number of collectives",
+                   me, (unsigned long long)want->seq, ours, (int)got->sender, (unsigned long long)got->seq);
+  return err_set(ncclInvalidUsage,
+                 "rank %d called %s as collective #%llu but rank %d called %s: every rank must make the same "
+                 "collective calls with the same arguments",
+                 me, ours, (unsigned long long)want->seq, (int)got->sender, theirs);
+}

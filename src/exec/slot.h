@@ -1,0 +1,22 @@
+/*
+ * Slot headers, for both executors: what a rank writes into the slots it
+ * sends, what it expects in those it receives, and the sentence that says
+ * how two ranks' calls differ when they do.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_EXEC_SLOT_H
+#define LOOM_EXEC_SLOT_H
+
+#include "enqueue.h"
+#include "transport/slot.h"
+
+/* The header of the slots `t` sends (bytes left 0). */
+void slot_mine(const struct task *t, uint64_t seq, int rank, struct slot_hdr *h);
+/* The header a sender matching `t` writes (bytes and sender left 0). */
+void slot_expect(const struct task *t, uint64_t seq, struct slot_hdr *h);
+int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int check_seq);
+/* Records the sentence for a mismatch between this rank (`me`, receiving
+ * from `peer`) and the sender, and returns ncclInvalidUsage. */
+ncclResult_t slot_mismatch(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer, int check_seq);
+
+#endif

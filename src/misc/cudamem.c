@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "misc/cudamem.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+__attribute__((format(printf, 2, 3))) static ncclResult_t fail(cudaError_t e, const char *fmt, ...) {
+  char call[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(call, sizeof call, fmt, ap);
+  va_end(ap);
+  int dev = -1;
+  cudaGetDevice(&dev);
+  return err_set(ncclUnhandledCudaError, "%s on device %d failed: %s (%s)", call, dev, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+}
+
+int cuda_pick_device(void) {
+  if (strcasecmp(param_str(P_DEVICE), "host") == 0)
+    return -1;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    /* No driver or no GPU is the normal state of a CPU host. */
+    cudaGetLastError();
+    INFO(LOG_INIT, "no CUDA device (%s): making a host communicator", e == cudaSuccess ? "none visible"
+                                                                                       : cudaGetErrorString(e));
+    return -1;
+  }
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess)
+    return -1;
+  return dev;
+}
+
+ncclResult_t cuda_bus_id(int dev, char *busid) {
+  cudaError_t e = cudaDeviceGetPCIBusId(busid, CUDA_BUSID_BYTES, dev);
+  if (e != cudaSuccess)
+    return fail(e, "cudaDeviceGetPCIBusId(%d)", dev);
+  for (char *p = busid; *p; p++)
+    if (*p >= 'A' && *p <= 'F')
+      *p = (char)(*p - 'A' + 'a');
+  return ncclSuccess;
+}
+
+int cuda_device_of_bus_id(const char *busid) {
+  int dev = -1;
+  if (cudaDeviceGetByPCIBusId(&dev, busid) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return dev;
+}
+
+int cuda_can_access_peer(int dev, int peer_dev) {
+  if (dev == peer_dev)
+    return 1;
+  int ok = 0;
+  if (cudaDeviceCanAccessPeer(&ok, dev, peer_dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return ok;
+}
+
+ncclResult_t cuda_set_device(int dev) {
+  cudaError_t e = cudaSetDevice(dev);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaSetDevice(%d)", dev);
+}
+
+ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what) {
+  cudaError_t e = cudaMalloc(ptr, size);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMalloc for %s (%zu bytes)", what, size);
+}
+
+void cuda_free(void *ptr) {
+  if (ptr)
+    cudaFree(ptr);
+}
+
+ncclResult_t cuda_memset(void *ptr, int value, size_t size) {
+  cudaError_t e = cudaMemset(ptr, value, size);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemset of %zu bytes", size);
+}
+
+ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what) {
+  cudaError_t e = cudaHostRegister(ptr, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e == cudaSuccess)
+    e = cudaHostGetDevicePointer(dev, ptr, 0);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaHostRegister of %s (%zu bytes)", what, size);
+}
+
+void cuda_host_unregister(void *ptr) {
+  if (ptr)
+    cudaHostUnregister(ptr);
+}
+
+ncclResult_t cuda_host_alloc(void **host, void **dev, size_t size, const char *what) {
+  cudaError_t e = cudaHostAlloc(host, size, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess)
+    e = cudaHostGetDevicePointer(dev, *host, 0);
+  if (e == cudaSuccess)
+    memset(*host, 0, size);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaHostAlloc for %s (%zu bytes)", what, size);
+}
+
+void cuda_host_free(void *host) {
+  if (host)
+    cudaFreeHost(host);
+}
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) <= CUDA_IPC_HANDLE_BYTES, "IPC handle size");
+
+ncclResult_t cuda_ipc_get(void *ptr, void *handle) {
+  cudaIpcMemHandle_t h;
+  cudaError_t e = cudaIpcGetMemHandle(&h, ptr);
+  if (e != cudaSuccess)
+    return fail(e, "cudaIpcGetMemHandle(%p)", ptr);
+  memcpy(handle, &h, sizeof h);
+  return ncclSuccess;
+}
+
+ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what) {
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof h);
+  cudaError_t e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaIpcOpenMemHandle of %s", what);
+}
+
+void cuda_ipc_close(void *ptr) {
+  if (ptr)
+    cudaIpcCloseMemHandle(ptr);
+}
+
+ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
+  struct cudaPointerAttributes a;
+  cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return err_set(ncclInvalidArgument, "%s: %s %p is not memory CUDA knows (%s); a CUDA communicator needs device "
+                   "memory", func, name, ptr, cudaGetErrorString(e));
+  }
+  if (a.type == cudaMemoryTypeUnregistered)
+    return err_set(ncclInvalidArgument,
+                   "%s: %s %p is ordinary host memory; a CUDA communicator needs device memory (or host memory "
+                   "registered with cudaHostRegister), or use a host communicator (LOOM_DEVICE=host)",
+                   func, name, ptr);
+  if (a.type == cudaMemoryTypeDevice && a.device != dev && !cuda_can_access_peer(dev, a.device))
+    return err_set(ncclInvalidArgument, "%s: %s %p is memory of device %d, which device %d (the communicator's) "
+                   "cannot reach", func, name, ptr, a.device, dev);
+  (void)bytes;
+  return ncclSuccess;
+}
+
+#else /* host-only build */
+
+static ncclResult_t none(const char *what) {
+  return err_set(ncclInternalError, "%s: this build of Loom has no CUDA", what);
+}
+int cuda_pick_device(void) { return -1; }
+ncclResult_t cuda_bus_id(int dev, char *busid) { return none("cuda_bus_id"); }
+int cuda_device_of_bus_id(const char *busid) { return -1; }
+int cuda_can_access_peer(int dev, int peer_dev) { return 0; }
+ncclResult_t cuda_set_device(int dev) { return none("cudaSetDevice"); }
+ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what) { return none("cudaMalloc"); }
+void cuda_free(void *ptr) {}
+ncclResult_t cuda_memset(void *ptr, int value, size_t size) { return none("cudaMemset"); }
+ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what) { return none("cudaHostRegister"); }
+void cuda_host_unregister(void *ptr) {}
+ncclResult_t cuda_host_alloc(void **host, void **dev, size_t size, const char *what) { return none("cudaHostAlloc"); }
+void cuda_host_free(void *host) {}
+ncclResult_t cuda_ipc_get(void *ptr, void *handle) { return none("cudaIpcGetMemHandle"); }
+ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what) { return none("cudaIpcOpenMemHandle"); }
+void cuda_ipc_close(void *ptr) {}
+ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
+  return none(func);
+}
+#endif

@@ -1,0 +1,49 @@
+/*
+ * The CUDA runtime as the rest of Loom needs it: device choice, memory the
+ * GPU can reach (device memory, host memory mapped for it, IPC handles),
+ * each failure turned into a sentence that names the call, the size, the
+ * device and CUDA's own words. Built without CUDA these report that the
+ * build has no CUDA; host communicators never call them.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_CUDAMEM_H
+#define LOOM_CUDAMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+#define CUDA_IPC_HANDLE_BYTES 64
+#define CUDA_BUSID_BYTES 16
+
+/* The device a new communicator should use, or -1 for a host communicator
+ * (LOOM_DEVICE=host, no CUDA in this build, no driver, or no device). */
+int cuda_pick_device(void);
+/* The PCI bus id of a device ("0000:19:00.0"), to recognise it in other
+ * processes whatever CUDA_VISIBLE_DEVICES says there. */
+ncclResult_t cuda_bus_id(int dev, char *busid);
+/* The local ordinal of the device with this bus id, or -1. */
+int cuda_device_of_bus_id(const char *busid);
+int cuda_can_access_peer(int dev, int peer_dev);
+ncclResult_t cuda_set_device(int dev);
+
+ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what);
+void cuda_free(void *ptr);
+ncclResult_t cuda_memset(void *ptr, int value, size_t size);
+/* Pins and maps existing host memory for the GPU; *dev is its device address. */
+ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what);
+void cuda_host_unregister(void *ptr);
+/* Pinned, mapped host memory. */
+ncclResult_t cuda_host_alloc(void **host, void **dev, size_t size, const char *what);
+void cuda_host_free(void *host);
+
+ncclResult_t cuda_ipc_get(void *ptr, void *handle);
+ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what);
+void cuda_ipc_close(void *ptr);
+
+/* Whether `ptr` .. ptr+bytes is memory the current device can use in a
+ * kernel (device, managed, or mapped host memory); the sentence if not. */
+ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name);
+
+#endif

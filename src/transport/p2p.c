@@ -1,0 +1,121 @@
+/*
+ * GPU to GPU on one host: the receiver's FIFO is device memory that the
+ * sender maps through a CUDA IPC handle (or uses directly in the same
+ * process) and writes into over NVLink or PCIe. Each side polls a counter
+ * in its own memory and writes the other's: the tail lives with the
+ * receiver's slots, the head in a small buffer of the sender's. Several
+ * ranks may share one GPU, which NCCL refuses and Loom allows.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "comm.h"
+#include "misc/cudamem.h"
+#include "misc/utils.h"
+#include "transport/transport.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define P2P_CTRL_BYTES 4096
+
+struct p2p_info {
+  char handle[CUDA_IPC_HANDLE_BYTES];
+  uint64_t ptr; /* the memory's address in its own process */
+  uint64_t size, capacity;
+  int32_t pid;
+  int32_t pad;
+};
+
+struct p2p_priv {
+  void *local;      /* receiver: counter page and slots; sender: counter page */
+  void *remote;     /* the peer's memory, as mapped here */
+  int remote_ipc;   /* it was opened through IPC and must be closed */
+};
+
+static int p2p_can_connect(struct ncclComm *comm, int peer) {
+#if LOOM_HAVE_CUDA
+  const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[peer];
+  if (comm->is_host || me->host_hash != p->host_hash || me->p2p_disabled || p->p2p_disabled || !p->busid[0])
+    return 0;
+  int dev = cuda_device_of_bus_id(p->busid);
+  return dev >= 0 && cuda_can_access_peer(comm->cuda_dev, dev);
+#else
+  return 0;
+#endif
+}
+
+static ncclResult_t p2p_setup(struct conn *c, void *info, size_t *len) {
+  struct p2p_priv *pp;
+  CHECK(UTIL_CALLOC(&pp, 1, "p2p connection"));
+  c->priv = pp;
+  size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
+  size_t size = c->dir == CONN_RECV ? P2P_CTRL_BYTES + NCCL_STEPS * (SLOT_HDR_BYTES + capacity) : P2P_CTRL_BYTES;
+  CHECK(cuda_malloc(&pp->local, size, c->dir == CONN_RECV ? "a p2p FIFO" : "a p2p counter"));
+  CHECK(cuda_memset(pp->local, 0, P2P_CTRL_BYTES));
+  c->fifo.capacity = capacity;
+  c->fifo.stride = SLOT_HDR_BYTES + capacity;
+  struct p2p_info *pi = info;
+  memset(pi, 0, sizeof *pi);
+  CHECK(cuda_ipc_get(pp->local, pi->handle));
+  pi->ptr = (uint64_t)(uintptr_t)pp->local;
+  pi->size = size;
+  pi->capacity = capacity;
+  pi->pid = (int32_t)getpid();
+  *len = sizeof *pi;
+  return ncclSuccess;
+}
+
+static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t len) {
+  struct p2p_priv *pp = c->priv;
+  struct p2p_info pi;
+  if (len != sizeof pi)
+    return err_set(ncclInternalError, "p2p connection info from rank %d has %zu bytes", c->peer, len);
+  memcpy(&pi, peer_info, sizeof pi);
+  if (pi.pid == (int32_t)getpid()) {
+    pp->remote = (void *)(uintptr_t)pi.ptr; /* IPC cannot reopen this process's own memory */
+  } else {
+    CHECK(cuda_ipc_open(pi.handle, &pp->remote, c->dir == CONN_SEND ? "the peer's p2p FIFO" : "the peer's p2p counter"));
+    pp->remote_ipc = 1;
+  }
+  char *local = pp->local, *remote = pp->remote;
+  if (c->dir == CONN_SEND) {
+    c->dev.base = remote + P2P_CTRL_BYTES;
+    c->dev.tail = (uint64_t *)remote;
+    c->dev.head = (uint64_t *)local;
+  } else {
+    c->dev.base = local + P2P_CTRL_BYTES;
+    c->dev.tail = (uint64_t *)local;
+    c->dev.head = (uint64_t *)remote;
+  }
+  return ncclSuccess;
+}
+
+static int p2p_flushed(struct conn *c) { return 1; }
+
+static ncclResult_t p2p_check(struct conn *c) { return transport_peer_alive(c->comm, c->peer); }
+
+static void p2p_free(struct conn *c) {
+  struct p2p_priv *pp = c->priv;
+  if (!pp)
+    return;
+  if (pp->remote_ipc)
+    cuda_ipc_close(pp->remote);
+  cuda_free(pp->local);
+  free(pp);
+  c->priv = NULL;
+}
+
+const struct transport transport_p2p = {
+    .size = sizeof(struct transport),
+    .version = TRANSPORT_VERSION,
+    .name = "p2p",
+    .can_connect = p2p_can_connect,
+    .setup = p2p_setup,
+    .connect = p2p_connect,
+    .progress = NULL,
+    .flushed = p2p_flushed,
+    .check = p2p_check,
+    .poison = NULL,
+    .free = p2p_free,
+};

@@ -1,0 +1,28 @@
+/*
+ * The header at the start of every FIFO slot: what the sender thinks the
+ * operation is, so a receiver can name a mismatch. Shared by the host
+ * executor and the CUDA kernels (plain C, no atomics).
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_SLOT_H
+#define LOOM_SLOT_H
+
+#include <stdint.h>
+
+struct slot_hdr {
+  uint64_t count;  /* the sender's count argument */
+  uint32_t bytes;  /* payload bytes in this slot */
+  uint8_t coll;    /* enum coll_kind */
+  uint8_t dtype;
+  uint8_t op;      /* built-in op, or ncclNumOps for a user op */
+  uint8_t pad;
+  int32_t root;
+  uint32_t sender; /* rank that wrote the slot */
+  uint64_t seq;    /* the sender's operation number on this connection */
+};
+#define SLOT_HDR_BYTES 64
+#ifndef __cplusplus
+_Static_assert(sizeof(struct slot_hdr) <= SLOT_HDR_BYTES, "slot header too large");
+#endif
+
+#endif
