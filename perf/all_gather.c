@@ -15,7 +15,7 @@ static void counts(size_t count, int nranks, perf_counts *c) {
 }
 
 static ncclResult_t run(const perf_call *c, const void *sendbuff, void *recvbuff) {
-  PERF_NCCL(ncclAllGather(sendbuff, recvbuff, c->count, c->type, c->comm, NULL));
+  PERF_NCCL(ncclAllGather(sendbuff, recvbuff, c->count, c->type, c->comm, c->stream));
   return ncclSuccess;
 }
 

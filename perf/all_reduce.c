@@ -13,7 +13,7 @@ static void counts(size_t count, int nranks, perf_counts *c) {
 }
 
 static ncclResult_t run(const perf_call *c, const void *sendbuff, void *recvbuff) {
-  PERF_NCCL(ncclAllReduce(sendbuff, recvbuff, c->count, c->type, c->op, c->comm, NULL));
+  PERF_NCCL(ncclAllReduce(sendbuff, recvbuff, c->count, c->type, c->op, c->comm, c->stream));
   return ncclSuccess;
 }
 

@@ -22,8 +22,8 @@ static ncclResult_t run(const perf_call *c, const void *sendbuff, void *recvbuff
   PERF_NCCL(ncclGroupStart());
   for (int p = 0; p < c->nranks; p++) {
     PERF_NCCL(ncclSend((const char *)sendbuff + (size_t)p * slot, c->count, c->type, p, c->comm,
-                       NULL));
-    PERF_NCCL(ncclRecv((char *)recvbuff + (size_t)p * slot, c->count, c->type, p, c->comm, NULL));
+                       c->stream));
+    PERF_NCCL(ncclRecv((char *)recvbuff + (size_t)p * slot, c->count, c->type, p, c->comm, c->stream));
   }
   PERF_NCCL(ncclGroupEnd());
   return ncclSuccess;

@@ -8,8 +8,13 @@
  * the environment) process p runs ranks p*T .. p*T+T-1 of LOOM_NRANKS*T,
  * all from the one id loomrun made. Otherwise this process makes the id.
  *
- * Buffers are host memory and calls return when done (host communicators,
- * stream NULL), so a timed batch is just the calls between two clock reads.
+ * On a host communicator buffers are host memory and calls return when
+ * done (stream NULL). Where the library makes CUDA communicators (a GPU is
+ * visible and LOOM_DEVICE is not "host"), each rank takes a GPU (its local
+ * rank modulo the GPUs, so several ranks may share one), its buffers are
+ * device memory, its calls go on a stream of its own, and a timed batch
+ * ends with a stream synchronisation. Data is prepared and checked on host
+ * mirrors copied to and from the device.
  * Everything that combines values across ranks (times for -a, #wrong, the
  * device list) goes through the communicator under test.
  *
@@ -34,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "loom.h"
 
 #define GUARD_BYTES 4096 /* poison checked before and after each output */
@@ -74,12 +80,18 @@ static const perf_bench *B;
 static const char *progname = "perf";
 static char hostname[64];
 static int nprocs = 1, proc = 0, nranks = 1;
+static int gpus; /* GPUs to use; 0: host communicators */
 static ncclUniqueId uid;
 
 typedef struct {
   int rank, thread, is_main;
   ncclComm_t comm;
-  char *sendalloc, *recvalloc, *send, *recv;
+  char *sendalloc, *recvalloc, *send, *recv; /* host memory, or the host mirrors */
+  size_t alloc_bytes;
+  int dev;                                    /* CUDA device, -1 on the host */
+  void *stream;
+  char *dsendalloc, *drecvalloc, *dsend, *drecv; /* device buffers */
+  char *scratch;                              /* device memory for values combined across ranks */
   double bw_sum;
   int bw_count, errors, reports_left;
   uint64_t seq;
@@ -311,7 +323,7 @@ static void parse_args(int argc, char **argv) {
   }
   if (optind < argc) bad_arg("unexpected argument \"%s\"", argv[optind]);
   if (cfg.ngpus != 1)
-    bad_arg("-g %d: host communicators have one rank per thread or process and no GPUs; "
+    bad_arg("-g %d: each rank (a thread or a process) drives one GPU; "
             "use -t %d for %d ranks in this process", cfg.ngpus, cfg.ngpus, cfg.ngpus);
   if (cfg.graph != 0)
     bad_arg("-G %d: CUDA graphs need CUDA communicators; host communicators have no CUDA "
@@ -349,9 +361,30 @@ static void setup_ranks(void) {
     die(NULL, "-r %d: the root must be below the number of ranks (%d)", cfg.root, nranks);
 }
 
+#define SCRATCH_HALF(r) ((size_t)nranks * LINE_BYTES + 4096)
+
+/* Values combined across ranks go through the communicator under test; on
+ * a CUDA one, through device scratch memory: dev_in puts `bytes` of input
+ * there, dev_out is where the output lands, dev_done brings it back. */
+static void *dev_in(rank_t *r, const void *host, size_t bytes) {
+  if (r->dev < 0)
+    return (void *)host;
+  if (perf_copy_to_dev(r->scratch, host, bytes, r->stream)) die(r, "staging a value for the GPU");
+  return r->scratch;
+}
+
+static void *dev_out(rank_t *r, void *host) { return r->dev < 0 ? host : r->scratch + SCRATCH_HALF(r); }
+
+static void dev_done(rank_t *r, void *host, size_t bytes) {
+  if (r->dev >= 0 && perf_copy_to_host(host, r->scratch + SCRATCH_HALF(r), bytes, r->stream))
+    die(r, "reading a value back from the GPU");
+}
+
 static void barrier(rank_t *r) {
   int one = 1, sum = 0;
-  NCCL_OR_DIE(r, ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, r->comm, NULL));
+  NCCL_OR_DIE(r, ncclAllReduce(dev_in(r, &one, sizeof one), dev_out(r, &sum), 1, ncclInt32, ncclSum, r->comm,
+                               r->stream));
+  dev_done(r, &sum, sizeof sum);
 }
 
 /* Rank 0 prints every rank's line, gathered through the communicator so
@@ -359,12 +392,15 @@ static void barrier(rank_t *r) {
 static void print_devices(rank_t *r) {
   char mine[LINE_BYTES];
   memset(mine, 0, sizeof(mine));
-  snprintf(mine, sizeof(mine),
-           "#  Rank %2d Group %2d Pid %6d on %10s device %2d [host] host memory\n", r->rank, 0,
-           (int)getpid(), hostname, -1);
+  char name[128] = "[host] host memory";
+  if (r->dev >= 0) perf_device_name(r->dev, name, sizeof(name));
+  snprintf(mine, sizeof(mine), "#  Rank %2d Group %2d Pid %6d on %10s device %2d %s\n", r->rank, 0,
+           (int)getpid(), hostname, r->dev, name);
   char *all = calloc((size_t)nranks, LINE_BYTES);
   if (all == NULL) die(r, "out of memory for the device list");
-  NCCL_OR_DIE(r, ncclAllGather(mine, all, LINE_BYTES, ncclInt8, r->comm, NULL));
+  NCCL_OR_DIE(r, ncclAllGather(dev_in(r, mine, LINE_BYTES), dev_out(r, all), LINE_BYTES, ncclInt8, r->comm,
+                               r->stream));
+  dev_done(r, all, (size_t)nranks * LINE_BYTES);
   if (r->is_main) {
     for (int i = 0; i < nranks; i++) {
       char *line = all + (size_t)i * LINE_BYTES;
@@ -396,6 +432,33 @@ static void alloc_buffers(rank_t *r) {
   memset(r->recvalloc, 0, bytes);
   r->send = r->sendalloc + GUARD_BYTES;
   r->recv = r->recvalloc + GUARD_BYTES;
+  r->alloc_bytes = bytes;
+  if (r->dev < 0)
+    return;
+  if (perf_dev_alloc((void **)&r->dsendalloc, bytes, "cudaMalloc of the send buffer") ||
+      perf_dev_alloc((void **)&r->drecvalloc, bytes, "cudaMalloc of the receive buffer") ||
+      perf_dev_alloc((void **)&r->scratch, 2 * SCRATCH_HALF(r), "cudaMalloc of scratch memory"))
+    die(r, "cannot allocate device memory for maxbytes %zu", cfg.maxbytes);
+  r->dsend = r->dsendalloc + GUARD_BYTES;
+  r->drecv = r->drecvalloc + GUARD_BYTES;
+}
+
+/* Host mirrors to the device before a checked call, and back after it. */
+static void mirror_to_dev(rank_t *r) {
+  if (r->dev >= 0 && (perf_copy_to_dev(r->dsendalloc, r->sendalloc, r->alloc_bytes, r->stream) ||
+                      perf_copy_to_dev(r->drecvalloc, r->recvalloc, r->alloc_bytes, r->stream)))
+    die(r, "copying the input to the GPU");
+}
+
+static void mirror_to_host(rank_t *r) {
+  if (r->dev >= 0 && (perf_copy_to_host(r->sendalloc, r->dsendalloc, r->alloc_bytes, r->stream) ||
+                      perf_copy_to_host(r->recvalloc, r->drecvalloc, r->alloc_bytes, r->stream)))
+    die(r, "copying the output from the GPU");
+}
+
+static void wait_calls(rank_t *r) {
+  if (r->dev >= 0 && perf_stream_sync(r->stream, "cudaStreamSynchronize"))
+    die(r, "waiting for the GPU");
 }
 
 /* ---- one collective, timed and checked ----------------------------------- */
@@ -403,7 +466,7 @@ static void alloc_buffers(rank_t *r) {
 static void run_once(rank_t *r, const perf_call *c, const perf_counts *cn, int in_place,
                      size_t shift) {
   size_t es = perf_type_size(c->type);
-  char *recv = r->recv + shift, *send = r->send + shift;
+  char *recv = (r->dev >= 0 ? r->drecv : r->recv) + shift, *send = (r->dev >= 0 ? r->dsend : r->send) + shift;
   const void *sb = in_place ? recv + cn->send_inplace_off * (size_t)c->rank * es : send;
   void *rb = in_place ? recv + cn->recv_inplace_off * (size_t)c->rank * es : recv;
   last_failure.call = NULL;
@@ -417,16 +480,15 @@ static void run_once(rank_t *r, const perf_call *c, const perf_counts *cn, int i
 
 static double combine_time(rank_t *r, double t) {
   double out = t;
+  void *in = dev_in(r, &t, sizeof t), *o = dev_out(r, &out);
   switch (cfg.average) {
-    case 0: NCCL_OR_DIE(r, ncclBroadcast(&t, &out, 1, ncclFloat64, 0, r->comm, NULL)); break;
-    case 1:
-      NCCL_OR_DIE(r, ncclAllReduce(&t, &out, 1, ncclFloat64, ncclSum, r->comm, NULL));
-      out /= nranks;
-      break;
-    case 2: NCCL_OR_DIE(r, ncclAllReduce(&t, &out, 1, ncclFloat64, ncclMin, r->comm, NULL)); break;
-    default: NCCL_OR_DIE(r, ncclAllReduce(&t, &out, 1, ncclFloat64, ncclMax, r->comm, NULL)); break;
+    case 0: NCCL_OR_DIE(r, ncclBroadcast(in, o, 1, ncclFloat64, 0, r->comm, r->stream)); break;
+    case 1: NCCL_OR_DIE(r, ncclAllReduce(in, o, 1, ncclFloat64, ncclSum, r->comm, r->stream)); break;
+    case 2: NCCL_OR_DIE(r, ncclAllReduce(in, o, 1, ncclFloat64, ncclMin, r->comm, r->stream)); break;
+    default: NCCL_OR_DIE(r, ncclAllReduce(in, o, 1, ncclFloat64, ncclMax, r->comm, r->stream)); break;
   }
-  return out;
+  dev_done(r, &out, sizeof out);
+  return cfg.average == 1 ? out / nranks : out;
 }
 
 static uint64_t next_seed(rank_t *r) { return 0x5eed0000ull + r->seq++; }
@@ -443,6 +505,7 @@ static void bench_time(rank_t *r, const perf_call *c, const perf_counts *cn, per
   if (cfg.check) {
     x.seed = next_seed(r);
     perf_prepare(&x);
+    mirror_to_dev(r);
   }
   run_once(r, c, cn, in_place, 0);
   barrier(r);
@@ -459,6 +522,7 @@ static void bench_time(rank_t *r, const perf_call *c, const perf_counts *cn, per
     if (cfg.agg > 1) NCCL_OR_DIE(r, ncclGroupEnd());
     if (cfg.blocking) barrier(r);
   }
+  wait_calls(r);
   double dt = combine_time(r, (now_s() - t0) / ((double)cfg.iters * cfg.agg));
   double algbw = dt > 0 ? (double)total / 1.0e9 / dt : 0;
   double busbw = algbw * B->busbw_factor(nranks);
@@ -469,9 +533,14 @@ static void bench_time(rank_t *r, const perf_call *c, const perf_counts *cn, per
     for (int k = 0; k < cfg.check && wrong == 0; k++) {
       x.seed = next_seed(r);
       perf_prepare(&x);
+      mirror_to_dev(r);
       run_once(r, c, cn, in_place, 0);
+      wait_calls(r);
+      mirror_to_host(r);
       int64_t mine = perf_verify(&x, r->label, &r->reports_left);
-      NCCL_OR_DIE(r, ncclAllReduce(&mine, &wrong, 1, ncclInt64, ncclSum, r->comm, NULL));
+      NCCL_OR_DIE(r, ncclAllReduce(dev_in(r, &mine, sizeof mine), dev_out(r, &wrong), 1, ncclInt64, ncclSum,
+                                   r->comm, r->stream));
+      dev_done(r, &wrong, sizeof wrong);
     }
     if (wrong) r->errors++;
   }
@@ -495,6 +564,7 @@ static void warmup(rank_t *r, perf_call *c, size_t bytes) {
   snprintf(r->label, sizeof(r->label), "%s %s warmup, %zu bytes", B->name, TYPE_NAMES[c->type],
            bytes);
   for (int i = 0; i < cfg.warmup; i++) run_once(r, c, &cn, 0, 0);
+  wait_calls(r);
   r->label[0] = '\0';
 }
 
@@ -510,7 +580,7 @@ static size_t next_size(size_t size) {
 
 static void time_test(rank_t *r, ncclDataType_t type, perf_op op, int root) {
   perf_call c = {.rank = r->rank, .nranks = nranks, .root = root < 0 ? 0 : root, .type = type,
-                 .op = ncclSum, .comm = r->comm};
+                 .op = ncclSum, .comm = r->comm, .stream = r->stream};
   const char *opname = op == PERF_OP_NONE ? "none" : OP_NAMES[op];
   if (op == PERF_OP_MULSUM) {
     unsigned char scalar[8];
@@ -542,6 +612,16 @@ static void time_test(rank_t *r, ncclDataType_t type, perf_op op, int root) {
 static void *rank_main(void *arg) {
   rank_t *r = arg;
   snprintf(r->label, sizeof(r->label), "communicator setup");
+  r->dev = -1;
+  if (gpus > 0) {
+    /* The rank's place among the ranks of this host picks its GPU. */
+    const char *lr = getenv("LOOM_LOCAL_RANK");
+    long local = 0;
+    if (lr == NULL || parse_long(lr, 0, INT_MAX, &local) != 0) local = proc;
+    r->dev = (int)((local * cfg.nthreads + r->thread) % gpus);
+    if (perf_set_device(r->dev, "cudaSetDevice") || perf_stream_create(&r->stream))
+      die(r, "cannot use GPU %d", r->dev);
+  }
   /* Into a local, so that a failed init leaves r->comm NULL for the
    * error message's ncclGetLastError. */
   ncclComm_t comm = NULL;
@@ -549,9 +629,9 @@ static void *rank_main(void *arg) {
   r->comm = comm;
   int is_host = 0;
   NCCL_OR_DIE(r, loomCommIsHost(r->comm, &is_host));
-  if (!is_host)
-    die(r, "the communicator is a CUDA communicator, but these benchmarks use host memory; "
-        "run with LOOM_DEVICE=host");
+  if (is_host != (r->dev < 0))
+    die(r, "the library made a %s communicator where the benchmark expected a %s one (is LOOM_DEVICE set the "
+        "same for the benchmark and the library?)", is_host ? "host" : "CUDA", is_host ? "CUDA" : "host");
   progress();
   r->label[0] = '\0';
   print_devices(r);
@@ -580,6 +660,10 @@ static void *rank_main(void *arg) {
   r->comm = NULL;
   free(r->sendalloc);
   free(r->recvalloc);
+  perf_dev_free(r->dsendalloc);
+  perf_dev_free(r->drecvalloc);
+  perf_dev_free(r->scratch);
+  perf_stream_destroy(r->stream);
   return NULL;
 }
 
@@ -593,10 +677,7 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
   hostname[sizeof(hostname) - 1] = '\0';
   char *dot = strchr(hostname, '.');
   if (dot) *dot = '\0';
-  /* These programs hand the library host buffers; make sure it builds host
-   * communicators even where a GPU is visible (unless told otherwise, in
-   * which case rank_main says why it cannot run). */
-  setenv("LOOM_DEVICE", "host", 0);
+  gpus = perf_gpus();
   setup_ranks();
 
   if (proc == 0) {
@@ -611,8 +692,8 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
            cfg.graph);
     if (cfg.blocking)
       printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
-    printf("# Loom host communicators, NCCL API %d (library %d): %d rank%s as %d process%s x %d "
-           "thread%s\n", NCCL_VERSION_CODE, version, nranks, nranks == 1 ? "" : "s", nprocs,
+    printf("# Loom %s communicators, NCCL API %d (library %d): %d rank%s as %d process%s x %d "
+           "thread%s\n", gpus > 0 ? "CUDA" : "host", NCCL_VERSION_CODE, version, nranks, nranks == 1 ? "" : "s", nprocs,
            nprocs == 1 ? "" : "es", cfg.nthreads, cfg.nthreads == 1 ? "" : "s");
     printf("#\n# Using devices\n");
   }

@@ -31,6 +31,7 @@ typedef struct {
   ncclDataType_t type;
   ncclRedOp_t op;
   ncclComm_t comm;
+  void *stream; /* cudaStream_t on a CUDA communicator, NULL on a host one */
 } perf_call;
 
 /* Where one element of a rank's output comes from. */

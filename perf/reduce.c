@@ -15,7 +15,7 @@ static void counts(size_t count, int nranks, perf_counts *c) {
 }
 
 static ncclResult_t run(const perf_call *c, const void *sendbuff, void *recvbuff) {
-  PERF_NCCL(ncclReduce(sendbuff, recvbuff, c->count, c->type, c->op, c->root, c->comm, NULL));
+  PERF_NCCL(ncclReduce(sendbuff, recvbuff, c->count, c->type, c->op, c->root, c->comm, c->stream));
   return ncclSuccess;
 }
 

@@ -19,8 +19,8 @@ static void counts(size_t count, int nranks, perf_counts *c) {
 static ncclResult_t run(const perf_call *c, const void *sendbuff, void *recvbuff) {
   int to = (c->rank + 1) % c->nranks, from = (c->rank - 1 + c->nranks) % c->nranks;
   PERF_NCCL(ncclGroupStart());
-  PERF_NCCL(ncclSend(sendbuff, c->count, c->type, to, c->comm, NULL));
-  PERF_NCCL(ncclRecv(recvbuff, c->count, c->type, from, c->comm, NULL));
+  PERF_NCCL(ncclSend(sendbuff, c->count, c->type, to, c->comm, c->stream));
+  PERF_NCCL(ncclRecv(recvbuff, c->count, c->type, from, c->comm, c->stream));
   PERF_NCCL(ncclGroupEnd());
   return ncclSuccess;
 }

@@ -10,6 +10,7 @@
 #include "enqueue.h"
 #include "exec/dtype.h"
 #include "group.h"
+#include "misc/cudamem.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -62,7 +63,11 @@ static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char
     return err_set(ncclInvalidArgument, "%s: the PreMulSum operator %d was created for %s but the call uses %s", func,
                    op, dtype_name(u->dtype), dtype_name(t->dtype));
   r->premul = 1;
-  if (u->scalar_ptr) {
+  if (u->scalar_ptr && !comm->is_host) {
+    /* On a CUDA communicator "device" residence means the kernel reads
+     * it when the collective runs, ordered with the stream. */
+    t->scalar_dev = u->scalar_ptr;
+  } else if (u->scalar_ptr) {
     int64_t iv = 0;
     if (t->dtype == ncclInt64 || t->dtype == ncclUint64)
       memcpy(&iv, u->scalar_ptr, sizeof iv);
@@ -121,7 +126,14 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
       return err_set(ncclInvalidArgument, "%s: %s is NULL (count %zu)", func, bcast ? "buff" : "sendbuff", t->count);
     if (need_recv && t->recvbuff == NULL)
       return err_set(ncclInvalidArgument, "%s: %s is NULL (count %zu)", func, bcast ? "buff" : "recvbuff", t->count);
+    /* A host pointer given to a CUDA communicator is the classic crash of
+     * NCCL programs; here it is a sentence. */
+    if (!comm->is_host && need_send)
+      CHECK(cuda_check_pointer(t->sendbuff, 0, comm->cuda_dev, func, bcast ? "buff" : "sendbuff"));
+    if (!comm->is_host && need_recv)
+      CHECK(cuda_check_pointer(t->recvbuff, 0, comm->cuda_dev, func, bcast ? "buff" : "recvbuff"));
   }
+  t->stream = stream;
   if (log_enabled(LOG_INFO, LOG_COLL)) {
     char d[200];
     task_describe(t, d, sizeof d);

@@ -9,8 +9,10 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "enqueue.h"
+#include "exec/cuda/cuda_exec.h"
 #include "exec/dtype.h"
 #include "loom.h"
+#include "misc/cudamem.h"
 #include "transport/transport.h"
 
 #include <stdio.h>
@@ -81,7 +83,12 @@ static void free_conn_cb(struct conn *c) { transport_free_conn(c); }
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
     return;
+  /* Kernels first: they use the connections' memory, which is freed on
+   * the communicator's device. */
+  int saved_dev = comm->is_host ? -1 : cuda_current_device();
+  cuda_comm_fini(comm, comm->abort_flag);
   for_each_conn(comm, free_conn_cb);
+  cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
   for (int r = 0; comm->peer_pidfd && r < comm->nranks; r++)
     if (comm->peer_pidfd[r] >= 0)

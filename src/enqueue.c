@@ -9,8 +9,10 @@
 #include "core.h"
 #include "comm.h"
 #include "enqueue.h"
+#include "exec/cuda/cuda_exec.h"
 #include "exec/dtype.h"
 #include "exec/host_exec.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
@@ -45,10 +47,6 @@ void task_describe(const struct task *t, char *buf, size_t len) {
     snprintf(buf, len, "%s(count %zu, %s, %s)", coll_name(t->coll), t->count, dtype_name(t->dtype), op);
   }
 }
-
-struct lane {
-  struct work *head, *tail;
-};
 
 /* Per communicator: lanes [0, nchannels) are the rings, then one send and
  * one receive lane per peer. */
@@ -185,6 +183,13 @@ static ncclResult_t run_self(struct ncclComm *comm) {
 
 static ncclResult_t plan_comm(struct comm_plan *p) {
   struct ncclComm *comm = p->comm;
+  /* One launch per communicator and group, on one stream. */
+  for (struct task *t = comm->tasks_head; t && !comm->is_host; t = t->next)
+    if (t->stream != comm->tasks_head->stream)
+      return err_set(ncclInvalidUsage,
+                     "rank %d: the operations of one communicator in one group must use the same stream (%p and "
+                     "%p here)",
+                     comm->rank, comm->tasks_head->stream, t->stream);
   p->nlanes = comm->nchannels + 2 * comm->nranks;
   CHECK(UTIL_CALLOC(&p->lanes, p->nlanes, "lanes"));
   CHECK(run_self(comm));
@@ -312,10 +317,39 @@ static void plans_free(struct comm_plan *plans, int n) {
   free(plans);
 }
 
+/* Host communicators run here and now; CUDA ones are enqueued on their
+ * stream, and run() only drives the host ones. */
+static ncclResult_t execute(struct comm_plan *plans, int n) {
+  int nhost = 0;
+  for (int i = 0; i < n; i++) {
+    struct ncclComm *comm = plans[i].comm;
+    if (comm->is_host) {
+      if (nhost != i) {
+        struct comm_plan tmp = plans[nhost];
+        plans[nhost] = plans[i];
+        plans[i] = tmp;
+      }
+      nhost++;
+      continue;
+    }
+    void *stream = comm->tasks_head ? comm->tasks_head->stream : NULL;
+    ncclResult_t r = cuda_launch(comm, plans[i].lanes, plans[i].nlanes, stream);
+    if (r != ncclSuccess) {
+      err_context("rank %d", comm->rank);
+      return r;
+    }
+  }
+  return run(plans, nhost);
+}
+
 ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   struct comm_plan *plans;
   CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
   ncclResult_t r = ncclSuccess;
+  int any_cuda = 0;
+  for (int i = 0; i < ncomms; i++)
+    any_cuda |= !comms[i]->is_host;
+  int saved_dev = any_cuda ? cuda_current_device() : -1;
   for (int i = 0; i < ncomms && r == ncclSuccess; i++) {
     plans[i].comm = comms[i];
     log_set_rank(comms[i]->rank);
@@ -329,7 +363,8 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   if (r == ncclSuccess)
     r = transport_connect_pending(comms, ncomms);
   if (r == ncclSuccess)
-    r = run(plans, ncomms);
+    r = execute(plans, ncomms);
   plans_free(plans, ncomms);
+  cuda_restore_device(saved_dev);
   return r;
 }

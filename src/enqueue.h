@@ -31,7 +31,9 @@ struct task {
   int op;          /* ncclRedOp_t as given */
   int root;        /* Broadcast, Reduce */
   int peer;        /* Send, Recv */
+  void *stream;    /* cudaStream_t of a CUDA communicator's call */
   struct red_op red;
+  const void *scalar_dev; /* PreMulSum scalar the kernel reads (device residence) */
   struct task *next;
 };
 

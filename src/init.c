@@ -9,8 +9,10 @@
 #include "api.h"
 #include "bootstrap.h"
 #include "comm.h"
+#include "exec/cuda/cuda_exec.h"
 #include "exec/reduce.h"
 #include "group.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "topology/topo.h"
 #include "transport/net.h"
@@ -90,6 +92,12 @@ static ncclResult_t check_peers(struct ncclComm *comm) {
   const struct peer_info *me = &comm->peers[comm->rank];
   for (int r = 0; r < comm->nranks; r++) {
     const struct peer_info *p = &comm->peers[r];
+    if ((p->cuda_dev < 0) != (me->cuda_dev < 0))
+      return err_set(ncclInvalidUsage,
+                     "rank %d (%s) made a %s communicator but rank %d (%s) a %s one: every rank must see a CUDA "
+                     "device, or none (LOOM_DEVICE=host makes host communicators everywhere)",
+                     comm->rank, me->hostname, me->cuda_dev < 0 ? "host" : "CUDA", r, p->hostname,
+                     p->cuda_dev < 0 ? "host" : "CUDA");
     if (p->buffsize != me->buffsize)
       return err_set(ncclInvalidUsage,
                      "NCCL_BUFFSIZE differs between ranks: rank %d (%s) uses %lld, rank %d (%s) uses %lld; set it "
@@ -122,6 +130,13 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   topo_log_host();
   CHECK(param_check_all());
   CHECK(net_check_name(param_str(P_NET)));
+  /* A CUDA communicator on the current device where there is one, as NCCL
+   * does; a host communicator otherwise. */
+  int dev = cuda_pick_device();
+  if (dev >= 0) {
+    comm->cuda_dev = dev;
+    comm->is_host = 0;
+  }
   comm->rank = rank;
   comm->nranks = nranks;
   comm->blocking = 1;
@@ -149,7 +164,10 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   gethostname(me->hostname, sizeof me->hostname - 1);
   me->buffsize = (int64_t)comm->buffsize;
   me->shm_disabled = (int)param_int(P_SHM_DISABLE);
-  me->cuda_dev = -1;
+  me->cuda_dev = comm->cuda_dev;
+  me->p2p_disabled = (int)param_int(P_P2P_DISABLE);
+  if (!comm->is_host)
+    CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
   me->nchannels_wanted = want;
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
@@ -162,8 +180,14 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));
   open_pidfds(comm);
   CHECK(topo_build_rings(comm));
-  INFO(LOG_INIT, "comm %p rank %d nranks %d host communicator, %d channel(s), buffsize %zu - Init COMPLETE",
-       (void *)comm, rank, nranks, comm->nchannels, comm->buffsize);
+  if (!comm->is_host)
+    CHECK(cuda_comm_init(comm));
+  if (comm->is_host)
+    INFO(LOG_INIT, "comm %p rank %d nranks %d host communicator, %d channel(s), buffsize %zu - Init COMPLETE",
+         (void *)comm, rank, nranks, comm->nchannels, comm->buffsize);
+  else
+    INFO(LOG_INIT, "comm %p rank %d nranks %d CUDA communicator on device %d (%s), %d channel(s), buffsize %zu - "
+         "Init COMPLETE", (void *)comm, rank, nranks, comm->cuda_dev, me->busid, comm->nchannels, comm->buffsize);
   return ncclSuccess;
 }
 
@@ -184,13 +208,16 @@ static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const
 struct init_job {
   struct group_job base;
   int nranks, rank;
+  int device; /* the CUDA device to create it on, -1: the caller's current one */
   ncclUniqueId id;
   ncclConfig_t config;
 };
 
 static ncclResult_t init_job_run(struct group_job *job) {
   struct init_job *j = (struct init_job *)job;
-  ncclResult_t r = comm_init(j->base.comm, j->nranks, &j->id, j->rank, &j->config);
+  ncclResult_t r = j->device >= 0 ? cuda_set_device(j->device) : ncclSuccess;
+  if (r == ncclSuccess)
+    r = comm_init(j->base.comm, j->nranks, &j->id, j->rank, &j->config);
   if (r != ncclSuccess)
     comm_set_error(j->base.comm, r);
   return r;
@@ -198,7 +225,7 @@ static ncclResult_t init_job_run(struct group_job *job) {
 
 /* Creates the communicator now, or at the end of the current group. */
 static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
-                              const ncclConfig_t *config_in, const char *func) {
+                              const ncclConfig_t *config_in, const char *func, int device) {
   if (out)
     *out = NULL;
   CHECK(check_init_args(out, nranks, rank, id, func));
@@ -208,6 +235,10 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   CHECK(comm_alloc(&comm));
   if (group_depth() > 0) {
     struct init_job *j = calloc(1, sizeof *j);
+    /* A group's creations run on threads of their own: they take the
+     * caller's current device with them. */
+    if (j)
+      j->device = device >= 0 ? device : cuda_pick_device();
     if (!j) {
       free(comm);
       return err_set(ncclSystemError, "out of memory queueing a communicator creation");
@@ -235,11 +266,11 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig"));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank"));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
@@ -252,7 +283,7 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks
                                     "ncclCommInitRankScalable with %d unique ids is not implemented yet in Loom; "
                                     "pass nId = 1",
                                     nId));
-  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable"));
+  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable", -1));
 }
 
 /* Several ranks in one process: one thread per rank, as a group does. */
@@ -267,9 +298,18 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
     r = bootstrap_create_root_id(&id);
   if (r != ncclSuccess)
     return api_finish(NULL, r);
+  /* Rank i on devlist[i], or on device i; more ranks than devices share
+   * them round robin, which NCCL refuses and Loom allows. */
+  int ndevices = cuda_pick_device() >= 0 ? cuda_device_count() : 0;
+  for (int i = 0; devlist && ndevices > 0 && i < ndev; i++)
+    if (devlist[i] < 0 || devlist[i] >= ndevices)
+      return api_finish(NULL, err_set(ncclInvalidArgument,
+                                      "ncclCommInitAll: devlist[%d] is %d but there are %d CUDA devices", i,
+                                      devlist[i], ndevices));
   ncclGroupStart();
   for (int i = 0; i < ndev && r == ncclSuccess; i++)
-    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll");
+    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll",
+                  ndevices > 0 ? (devlist ? devlist[i] : i % ndevices) : -1);
   if (r != ncclSuccess)
     group_record_error(r);
   ncclResult_t e = ncclGroupEnd();

@@ -40,11 +40,18 @@ struct schedule {
   struct step *steps;
 };
 
-static inline int step_recvs(int kind) {
+/* The CUDA kernel walks the same steps. */
+#ifdef __CUDACC__
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
+LOOM_HOST_DEVICE static inline int step_recvs(int kind) {
   return kind == STEP_RECV || kind == STEP_RECV_COPY_SEND || kind == STEP_RECV_REDUCE_SEND ||
          kind == STEP_RECV_REDUCE_COPY || kind == STEP_RECV_REDUCE_COPY_SEND;
 }
-static inline int step_sends(int kind) {
+LOOM_HOST_DEVICE static inline int step_sends(int kind) {
   return kind == STEP_SEND || kind == STEP_COPY_SEND || kind == STEP_RECV_COPY_SEND ||
          kind == STEP_RECV_REDUCE_SEND || kind == STEP_RECV_REDUCE_COPY_SEND;
 }

@@ -30,6 +30,12 @@ struct work {
   struct work *next;
 };
 
+/* Works that share connections run in call order on one lane; lanes run
+ * concurrently (host: one thread drives them all; CUDA: a block each). */
+struct lane {
+  struct work *head, *tail;
+};
+
 /* Moves what can be moved now. *moved tells whether anything did; *done
  * whether the work has finished all its steps (net sends may still be
  * leaving: see exec_flushed). */

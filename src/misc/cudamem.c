@@ -40,6 +40,15 @@ int cuda_pick_device(void) {
   return dev;
 }
 
+int cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 ncclResult_t cuda_bus_id(int dev, char *busid) {
   cudaError_t e = cudaDeviceGetPCIBusId(busid, CUDA_BUSID_BYTES, dev);
   if (e != cudaSuccess)
@@ -73,6 +82,21 @@ int cuda_can_access_peer(int dev, int peer_dev) {
 ncclResult_t cuda_set_device(int dev) {
   cudaError_t e = cudaSetDevice(dev);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaSetDevice(%d)", dev);
+}
+
+int cuda_current_device(void) {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return dev;
+}
+
+void cuda_restore_device(int dev) {
+  int cur = -1;
+  if (dev >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != dev)
+    cudaSetDevice(dev);
 }
 
 ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what) {
@@ -165,6 +189,9 @@ static ncclResult_t none(const char *what) {
   return err_set(ncclInternalError, "%s: this build of Loom has no CUDA", what);
 }
 int cuda_pick_device(void) { return -1; }
+int cuda_device_count(void) { return 0; }
+int cuda_current_device(void) { return -1; }
+void cuda_restore_device(int dev) {}
 ncclResult_t cuda_bus_id(int dev, char *busid) { return none("cuda_bus_id"); }
 int cuda_device_of_bus_id(const char *busid) { return -1; }
 int cuda_can_access_peer(int dev, int peer_dev) { return 0; }

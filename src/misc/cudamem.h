@@ -20,6 +20,8 @@
 /* The device a new communicator should use, or -1 for a host communicator
  * (LOOM_DEVICE=host, no CUDA in this build, no driver, or no device). */
 int cuda_pick_device(void);
+/* How many devices this process sees (0 without CUDA or a driver). */
+int cuda_device_count(void);
 /* The PCI bus id of a device ("0000:19:00.0"), to recognise it in other
  * processes whatever CUDA_VISIBLE_DEVICES says there. */
 ncclResult_t cuda_bus_id(int dev, char *busid);
@@ -27,6 +29,10 @@ ncclResult_t cuda_bus_id(int dev, char *busid);
 int cuda_device_of_bus_id(const char *busid);
 int cuda_can_access_peer(int dev, int peer_dev);
 ncclResult_t cuda_set_device(int dev);
+/* The calling thread's current device (-1 without CUDA), and putting it
+ * back: Loom's calls leave the caller's current device as they found it. */
+int cuda_current_device(void);
+void cuda_restore_device(int dev);
 
 ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what);
 void cuda_free(void *ptr);

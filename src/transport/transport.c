@@ -7,6 +7,7 @@
 #include "core.h"
 #include "bootstrap.h"
 #include "comm.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
@@ -64,8 +65,15 @@ ncclResult_t transport_get_conn(struct ncclComm *comm, int kind, int channel, in
 
 static const char *dir_name(int dir) { return dir == CONN_SEND ? "send" : "receive"; }
 
+/* Transports of a CUDA communicator allocate and map memory for its
+ * device; one thread may set up several communicators on several. */
+static ncclResult_t on_device(const struct conn *c) {
+  return c->comm->is_host ? ncclSuccess : cuda_set_device(c->comm->cuda_dev);
+}
+
 static ncclResult_t publish(struct conn *c) {
   struct ncclComm *comm = c->comm;
+  CHECK(on_device(c));
   struct conn_msg msg = {0};
   snprintf(msg.transport, sizeof msg.transport, "%s", c->tr->name);
   size_t len = sizeof msg.info;
@@ -130,7 +138,9 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
       struct conn *c = list[k];
       if (c->connected)
         continue;
-      r = c->tr->connect(c, msgs[k].info, msgs[k].len);
+      r = on_device(c);
+      if (r == ncclSuccess)
+        r = c->tr->connect(c, msgs[k].info, msgs[k].len);
       if (r == ncclSuccess) {
         c->connected = 1;
         INFO(LOG_INIT, "channel %d: %s %s rank %d via %s", c->channel, c->kind == CONN_RING ? "ring" : "p2p",

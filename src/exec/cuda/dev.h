@@ -56,7 +56,8 @@ struct dev_status {
   volatile int32_t abort;
   volatile int32_t error;  /* DEV_ERR_* */
   volatile int32_t lane, work, step;
-  int32_t pad;
+  volatile int32_t peer;   /* the rank whose slot did not match */
+  volatile uint64_t progress; /* bumped for every slot: the proxy's sign of life */
   struct slot_hdr got, want;
 };
 

@@ -1,0 +1,352 @@
+/*
+ * The host half of the CUDA executor. A launch copies the group's lanes,
+ * works and steps into a device arena (through a pinned twin, on the
+ * caller's stream, so it is ordered with the kernel) and starts one block
+ * per lane. Arenas are recycled once an event says their kernel is done.
+ *
+ * The proxy thread keeps the communicator's network connections moving
+ * (kernels only write and read the FIFOs' pinned memory), and every 100 ms
+ * checks what a kernel cannot: whether a peer has exited or failed,
+ * whether the user aborted, whether a kernel reported a mismatch, and
+ * whether running kernels have stopped making progress for LOOM_TIMEOUT.
+ * Any of these stops the kernels (they poll an abort word) and becomes the
+ * communicator's asynchronous error, as NCCL reports it.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "comm.h"
+#include "exec/cuda/cuda_exec.h"
+#include "exec/cuda/dev.h"
+#include "exec/slot.h"
+#include "misc/cudamem.h"
+#include "misc/utils.h"
+#include "transport/transport.h"
+
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ARENAS 8
+
+struct arena {
+  void *host, *dev;
+  size_t cap;
+  cudaEvent_t done;
+  int used;
+};
+
+struct cuda_comm {
+  struct ncclComm *comm;
+  struct dev_status *status, *status_dev;
+  struct arena arenas[MAX_ARENAS];
+  int narenas, next_arena;
+  cudaEvent_t last; /* recorded after every launch */
+  int launched;
+  /* Connections the proxy watches; appended by the launching thread,
+   * read by the proxy up to the published count. */
+  struct conn **watch;
+  int watch_cap;
+  _Atomic int nwatch;
+  pthread_t proxy;
+  int proxy_started;
+  _Atomic int stop;
+};
+
+static ncclResult_t cuda_fail(cudaError_t e, const char *what) {
+  return err_set(ncclUnhandledCudaError, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CUDA_TRY(call, what)            \
+  do {                                  \
+    cudaError_t cuda_try_e_ = (call);   \
+    if (cuda_try_e_ != cudaSuccess)     \
+      return cuda_fail(cuda_try_e_, what); \
+  } while (0)
+
+/* ---- the proxy ---------------------------------------------------------- */
+
+/* The sentence for what a kernel reported, once. */
+static void kernel_error(struct cuda_comm *cc) {
+  struct dev_status *st = cc->status;
+  struct slot_hdr got = st->got, want = st->want;
+  ncclResult_t r = slot_mismatch(&want, &got, cc->comm->rank, st->peer, got.coll != COLL_SEND);
+  err_context("rank %d, on the GPU", cc->comm->rank);
+  comm_set_error(cc->comm, r);
+}
+
+static void fail_kernels(struct cuda_comm *cc, ncclResult_t r) {
+  cc->status->abort = 1;
+  comm_set_error(cc->comm, r);
+}
+
+static int kernels_running(struct cuda_comm *cc) {
+  return cc->launched && cudaEventQuery(cc->last) == cudaErrorNotReady;
+}
+
+static void *proxy_main(void *arg) {
+  struct cuda_comm *cc = arg;
+  struct ncclComm *comm = cc->comm;
+  cudaSetDevice(comm->cuda_dev);
+  log_set_rank(comm->rank);
+  struct waiter w;
+  wait_reset(&w);
+  uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0;
+  int reported = 0;
+  while (!atomic_load(&cc->stop)) {
+    int n = atomic_load_explicit(&cc->nwatch, memory_order_acquire);
+    uint64_t before = cc->status->progress;
+    for (int i = 0; i < n; i++)
+      if (cc->watch[i]->tr->progress)
+        cc->watch[i]->tr->progress(cc->watch[i]);
+    uint64_t now = time_ns();
+    if (now >= next_check && !reported) {
+      next_check = now + 100000000ull;
+      if (cc->status->error == DEV_ERR_MISMATCH) {
+        kernel_error(cc);
+        reported = 1;
+      } else if (comm->abort_flag) {
+        cc->status->abort = 1;
+      }
+      for (int i = 0; i < n && !reported; i++) {
+        struct conn *c = cc->watch[i];
+        ncclResult_t r = c->tr->check ? c->tr->check(c) : ncclSuccess;
+        if (r != ncclSuccess) {
+          err_context("rank %d, on the GPU, waiting on rank %d", comm->rank, c->peer);
+          fail_kernels(cc, r);
+          reported = 1;
+        }
+      }
+      if (!reported) {
+        uint64_t p = cc->status->progress;
+        if (p != seen || !kernels_running(cc)) {
+          seen = p;
+          last_change = now;
+        } else if (now - last_change >= (uint64_t)timeout_seconds() * 1000000000ull) {
+          fail_kernels(cc, err_set(ncclRemoteError,
+                                   "rank %d: a collective on the GPU made no progress for LOOM_TIMEOUT=%llds",
+                                   comm->rank, (long long)timeout_seconds()));
+          reported = 1;
+        }
+      }
+    }
+    if (cc->status->progress != before)
+      wait_reset(&w);
+    else
+      wait_pause(&w);
+  }
+  return NULL;
+}
+
+ncclResult_t cuda_comm_init(struct ncclComm *comm) {
+  struct cuda_comm *cc;
+  CHECK(UTIL_CALLOC(&cc, 1, "the CUDA executor"));
+  comm->cuda = cc;
+  cc->comm = comm;
+  void *dev;
+  CHECK(cuda_host_alloc((void **)&cc->status, &dev, sizeof *cc->status, "the kernels' status"));
+  cc->status_dev = dev;
+  CUDA_TRY(cudaEventCreateWithFlags(&cc->last, cudaEventDisableTiming), "cudaEventCreate");
+  cc->watch_cap = 2 * comm->nranks + 2 * LOOM_MAX_CHANNELS;
+  CHECK(UTIL_CALLOC(&cc->watch, cc->watch_cap, "watched connections"));
+  int rc = pthread_create(&cc->proxy, NULL, proxy_main, cc);
+  if (rc != 0)
+    return err_set(ncclSystemError, "cannot start the proxy thread of rank %d: %s", comm->rank, strerror(rc));
+  cc->proxy_started = 1;
+  return ncclSuccess;
+}
+
+void cuda_comm_fini(struct ncclComm *comm, int abort) {
+  struct cuda_comm *cc = comm->cuda;
+  if (!cc)
+    return;
+  cudaSetDevice(comm->cuda_dev);
+  if (cc->status && abort)
+    cc->status->abort = 1;
+  /* The proxy keeps running meanwhile: a kernel stuck on a dead peer is
+   * stopped by it rather than waited for forever. */
+  if (cc->launched)
+    cudaEventSynchronize(cc->last);
+  if (cc->proxy_started) {
+    atomic_store(&cc->stop, 1);
+    pthread_join(cc->proxy, NULL);
+  }
+  for (int i = 0; i < cc->narenas; i++) {
+    cudaFreeHost(cc->arenas[i].host);
+    cudaFree(cc->arenas[i].dev);
+    cudaEventDestroy(cc->arenas[i].done);
+  }
+  if (cc->last)
+    cudaEventDestroy(cc->last);
+  cuda_host_free(cc->status);
+  free(cc->watch);
+  free(cc);
+  comm->cuda = NULL;
+}
+
+/* ---- launching ---------------------------------------------------------- */
+
+static ncclResult_t get_arena(struct cuda_comm *cc, size_t size, struct arena **out) {
+  for (int i = 0; i < cc->narenas; i++) {
+    struct arena *a = &cc->arenas[i];
+    if (a->cap >= size && (!a->used || cudaEventQuery(a->done) == cudaSuccess)) {
+      *out = a;
+      return ncclSuccess;
+    }
+  }
+  struct arena *a;
+  if (cc->narenas < MAX_ARENAS) {
+    a = &cc->arenas[cc->narenas++];
+    CUDA_TRY(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming), "cudaEventCreate");
+  } else {
+    /* All in flight: wait for the oldest instead of growing without end. */
+    a = &cc->arenas[cc->next_arena];
+    cc->next_arena = (cc->next_arena + 1) % MAX_ARENAS;
+    CUDA_TRY(cudaEventSynchronize(a->done), "waiting for an earlier launch");
+    a->used = 0;
+  }
+  if (a->cap < size) {
+    cudaFreeHost(a->host);
+    cudaFree(a->dev);
+    a->host = a->dev = NULL;
+    size_t cap = LOOM_MAX(size, (size_t)65536);
+    CUDA_TRY(cudaHostAlloc(&a->host, cap, cudaHostAllocDefault), "cudaHostAlloc for a launch");
+    CHECK(cuda_malloc(&a->dev, cap, "a launch"));
+    a->cap = cap;
+  }
+  *out = a;
+  return ncclSuccess;
+}
+
+static void watch(struct cuda_comm *cc, struct conn *c) {
+  if (!c || c->proxied)
+    return;
+  int n = atomic_load(&cc->nwatch);
+  if (n >= cc->watch_cap)
+    return; /* every connection there can be fits; this cannot happen */
+  c->proxied = 1;
+  cc->watch[n] = c;
+  atomic_store_explicit(&cc->nwatch, n + 1, memory_order_release);
+}
+
+static struct dev_conn dev_conn_of(struct conn *c) {
+  struct dev_conn d = {0};
+  if (!c)
+    return d;
+  d.base = c->dev.base;
+  d.stride = c->fifo.stride;
+  d.tail = c->dev.tail;
+  d.head = c->dev.head;
+  d.step = c->step;
+  d.peer = c->peer;
+  return d;
+}
+
+/* The slots a work will use on each of its connections: the host keeps
+ * the counters, since the next launch is built before this one runs. */
+static void advance_steps(const struct work *w) {
+  uint64_t rs = 0, ss = 0;
+  for (int i = 0; i < w->sched.nsteps; i++) {
+    const struct step *st = &w->sched.steps[i];
+    uint64_t pieces = LOOM_DIV_UP(st->nelem, w->piece);
+    if (step_recvs(st->kind))
+      rs += pieces;
+    if (step_sends(st->kind))
+      ss += pieces;
+  }
+  if (w->recv)
+    w->recv->step += rs;
+  if (w->send)
+    w->send->step += ss;
+}
+
+ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
+  struct cuda_comm *cc = comm->cuda;
+  uint32_t used = 0, nworks = 0, nsteps = 0;
+  for (int l = 0; l < nlanes; l++) {
+    if (!lanes[l].head)
+      continue;
+    used++;
+    for (struct work *w = lanes[l].head; w; w = w->next) {
+      nworks++;
+      nsteps += (uint32_t)w->sched.nsteps;
+    }
+  }
+  if (used == 0)
+    return ncclSuccess;
+  size_t off_lanes = LOOM_ALIGN_UP(sizeof(struct dev_plan), 64);
+  size_t off_works = LOOM_ALIGN_UP(off_lanes + used * sizeof(struct dev_lane), 64);
+  size_t off_steps = LOOM_ALIGN_UP(off_works + nworks * sizeof(struct dev_work), 64);
+  size_t size = off_steps + nsteps * sizeof(struct step);
+  int prev_dev = -1;
+  cudaGetDevice(&prev_dev);
+  CHECK(cuda_set_device(comm->cuda_dev));
+  struct arena *a = NULL;
+  ncclResult_t r = get_arena(cc, size, &a);
+  if (r != ncclSuccess)
+    goto out;
+  char *h = a->host, *d = a->dev;
+  struct dev_plan *plan = (struct dev_plan *)h;
+  struct dev_lane *dl = (struct dev_lane *)(h + off_lanes);
+  struct dev_work *dw = (struct dev_work *)(h + off_works);
+  struct step *ds = (struct step *)(h + off_steps);
+  plan->nlanes = used;
+  plan->nworks = nworks;
+  plan->status = cc->status_dev;
+  plan->lanes = (const struct dev_lane *)(d + off_lanes);
+  plan->works = (const struct dev_work *)(d + off_works);
+  uint32_t li = 0, wi = 0, si = 0;
+  for (int l = 0; l < nlanes; l++) {
+    if (!lanes[l].head)
+      continue;
+    dl[li].first = wi;
+    dl[li].count = 0;
+    for (struct work *w = lanes[l].head; w; w = w->next) {
+      struct dev_work *x = &dw[wi++];
+      memset(x, 0, sizeof *x);
+      const struct task *t = w->task;
+      x->src = w->src;
+      x->dst = w->dst;
+      x->steps = (const struct step *)(d + off_steps) + si;
+      memcpy(ds + si, w->sched.steps, sizeof *ds * (size_t)w->sched.nsteps);
+      si += (uint32_t)w->sched.nsteps;
+      x->nsteps = (uint32_t)w->sched.nsteps;
+      x->esize = (uint32_t)w->esize;
+      x->piece = w->piece;
+      x->red = t->red;
+      x->scalar_dev = t->scalar_dev;
+      slot_mine(t, w->seq, comm->rank, &x->mine);
+      slot_expect(t, w->seq, &x->expect);
+      x->check_seq = t->coll != COLL_RECV;
+      x->send = dev_conn_of(w->send);
+      x->recv = dev_conn_of(w->recv);
+      advance_steps(w);
+      watch(cc, w->send);
+      watch(cc, w->recv);
+      dl[li].count++;
+    }
+    li++;
+  }
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e = cudaMemcpyAsync(a->dev, a->host, size, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess)
+    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, used, s);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(a->done, s);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(cc->last, s);
+  if (e != cudaSuccess) {
+    r = cuda_fail(e, "launching the collective kernel");
+    goto out;
+  }
+  a->used = 1;
+  cc->launched = 1;
+  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %u work(s), %u step(s) on stream %p", comm->rank, used, nworks, nsteps,
+        stream);
+out:
+  if (prev_dev >= 0 && prev_dev != comm->cuda_dev)
+    cudaSetDevice(prev_dev);
+  return r;
+}

@@ -1,0 +1,33 @@
+/*
+ * The CUDA executor: a group's works on a CUDA communicator become one
+ * kernel launch on the caller's stream; a proxy thread per communicator
+ * moves network slots, watches the peers and the kernels, and turns what
+ * it sees into the communicator's asynchronous error.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_CUDA_EXEC_H
+#define LOOM_CUDA_EXEC_H
+
+#include "exec/host_exec.h"
+
+struct ncclComm;
+
+#if LOOM_HAVE_CUDA
+/* After the communicator knows its peers: device status and proxy. */
+ncclResult_t cuda_comm_init(struct ncclComm *comm);
+/* Waits for the communicator's kernels (stopping them first if `abort`),
+ * then stops the proxy and frees what the executor holds. */
+void cuda_comm_fini(struct ncclComm *comm, int abort);
+/* Enqueues the lanes' works as one kernel on `stream`; returns at once. */
+ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream);
+#else
+static inline ncclResult_t cuda_comm_init(struct ncclComm *comm) {
+  return err_set(ncclInternalError, "this build of Loom has no CUDA");
+}
+static inline void cuda_comm_fini(struct ncclComm *comm, int abort) {}
+static inline ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
+  return err_set(ncclInternalError, "this build of Loom has no CUDA");
+}
+#endif
+
+#endif

@@ -1,0 +1,424 @@
+/*
+ * The CUDA executor's kernel: one thread block per lane walks its works'
+ * schedule steps in order, one FIFO slot at a time, exactly as the host
+ * executor does. Thread 0 waits for the slots and publishes them; every
+ * thread moves data, 16 bytes at a time where all pointers allow it.
+ *
+ * Arithmetic matches the host kernels (reduce.c): integers wrap, fp16 /
+ * bf16 / fp8 are combined in fp32 and rounded once (fp8 saturating), and
+ * a + b * s is never contracted into an FMA, so a GPU rank and a CPU rank
+ * of the same type produce the same bits.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "core.h"
+#include "exec/cuda/dev.h"
+
+/* ---- element types ----------------------------------------------------- */
+
+/* How each storage type is combined: C is the type arithmetic is done in. */
+template <typename T> struct Num {
+  typedef T C;
+  static __device__ __forceinline__ C in(T v) { return v; }
+  static __device__ __forceinline__ T out(C v) { return v; }
+};
+
+struct Half {
+  uint16_t v;
+};
+struct Bf16 {
+  uint16_t v;
+};
+struct E4m3 {
+  uint8_t v;
+};
+struct E5m2 {
+  uint8_t v;
+};
+
+template <> struct Num<Half> {
+  typedef float C;
+  static __device__ __forceinline__ float in(Half h) { return __half2float(__ushort_as_half(h.v)); }
+  static __device__ __forceinline__ Half out(float f) { return Half{__half_as_ushort(__float2half_rn(f))}; }
+};
+template <> struct Num<Bf16> {
+  typedef float C;
+  static __device__ __forceinline__ float in(Bf16 b) { return __bfloat162float(__ushort_as_bfloat16(b.v)); }
+  static __device__ __forceinline__ Bf16 out(float f) { return Bf16{__bfloat16_as_ushort(__float2bfloat16_rn(f))}; }
+};
+template <> struct Num<E4m3> {
+  typedef float C;
+  static __device__ __forceinline__ float in(E4m3 e) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(e.v, __NV_E4M3);
+    return __half2float(__half(h));
+  }
+  static __device__ __forceinline__ E4m3 out(float f) { return E4m3{__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3)}; }
+};
+template <> struct Num<E5m2> {
+  typedef float C;
+  static __device__ __forceinline__ float in(E5m2 e) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(e.v, __NV_E5M2);
+    return __half2float(__half(h));
+  }
+  static __device__ __forceinline__ E5m2 out(float f) { return E5m2{__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2)}; }
+};
+
+/* Integer sums and products wrap: they are done on the unsigned type. */
+template <typename T> struct Unsigned {
+  typedef T U;
+};
+template <> struct Unsigned<int8_t> {
+  typedef uint8_t U;
+};
+template <> struct Unsigned<int32_t> {
+  typedef uint32_t U;
+};
+template <> struct Unsigned<int64_t> {
+  typedef uint64_t U;
+};
+
+template <typename C> __device__ __forceinline__ C add(C a, C b) {
+  typedef typename Unsigned<C>::U U;
+  return (C)((U)a + (U)b);
+}
+template <> __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+template <> __device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+
+template <typename C> __device__ __forceinline__ C mul(C a, C b) {
+  typedef typename Unsigned<C>::U U;
+  return (C)((U)a * (U)b);
+}
+template <> __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+template <> __device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+
+template <typename C> __device__ __forceinline__ C scalar_of(const struct red_op &op);
+#define SCALAR_INT(T, field) \
+  template <> __device__ __forceinline__ T scalar_of<T>(const struct red_op &op) { return (T)op.scalar.field; }
+SCALAR_INT(int8_t, i)
+SCALAR_INT(int32_t, i)
+SCALAR_INT(int64_t, i)
+SCALAR_INT(uint8_t, u)
+SCALAR_INT(uint32_t, u)
+SCALAR_INT(uint64_t, u)
+template <> __device__ __forceinline__ float scalar_of<float>(const struct red_op &op) { return (float)op.scalar.f; }
+template <> __device__ __forceinline__ double scalar_of<double>(const struct red_op &op) { return op.scalar.f; }
+
+template <typename C> __device__ __forceinline__ C divide(C v, int d) { return v / (C)d; }
+
+/* a (a peer's partial result) combined with b (this rank's input). */
+template <typename T, int KIND> struct Combine {
+  typedef typename Num<T>::C C;
+  C s;
+  int premul, div;
+  __device__ Combine(const struct red_op &op, int final)
+      : s(scalar_of<C>(op)), premul(op.premul), div(final && op.postdiv && op.divisor > 1 ? op.divisor : 0) {}
+  __device__ __forceinline__ T operator()(T ta, T tb) const {
+    C a = Num<T>::in(ta), b = Num<T>::in(tb);
+    if (premul)
+      b = mul(b, s);
+    C r = KIND == RED_SUM ? add(a, b) : KIND == RED_PROD ? mul(a, b) : KIND == RED_MAX ? (a > b ? a : b)
+                                                                                         : (a < b ? a : b);
+    if (div)
+      r = divide(r, div);
+    return Num<T>::out(r);
+  }
+  /* The local input alone: premul and the final division still apply. */
+  __device__ __forceinline__ T alone(T tb) const {
+    C b = Num<T>::in(tb);
+    if (premul)
+      b = mul(b, s);
+    if (div)
+      b = divide(b, div);
+    return Num<T>::out(b);
+  }
+};
+
+/* ---- block-wide loops --------------------------------------------------- */
+
+template <typename T> union Vec {
+  uint4 raw;
+  T e[16 / sizeof(T)];
+};
+
+__device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* dst (and dst2) = f(a[i], b[i]); f.alone(b[i]) when a is NULL. */
+template <typename T, typename F>
+__device__ void apply(T *dst, T *dst2, const T *a, const T *b, uint64_t n, const F &f, uint64_t tid, uint64_t nthr) {
+  const int V = 16 / sizeof(T);
+  uint64_t i0 = 0;
+  if (aligned16(dst) && (!dst2 || aligned16(dst2)) && (!a || aligned16(a)) && aligned16(b)) {
+    uint64_t nv = n / V;
+    for (uint64_t v = tid; v < nv; v += nthr) {
+      Vec<T> x, y, r;
+      y.raw = reinterpret_cast<const uint4 *>(b)[v];
+      if (a) {
+        x.raw = reinterpret_cast<const uint4 *>(a)[v];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          r.e[k] = f(x.e[k], y.e[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          r.e[k] = f.alone(y.e[k]);
+      }
+      reinterpret_cast<uint4 *>(dst)[v] = r.raw;
+      if (dst2)
+        reinterpret_cast<uint4 *>(dst2)[v] = r.raw;
+    }
+    i0 = nv * V;
+  }
+  for (uint64_t i = i0 + tid; i < n; i += nthr) {
+    T r = a ? f(a[i], b[i]) : f.alone(b[i]);
+    dst[i] = r;
+    if (dst2)
+      dst2[i] = r;
+  }
+}
+
+/* Bytes to one or two places, 16 at a time where aligned. */
+__device__ void copy_bytes(char *dst, char *dst2, const char *src, uint64_t n, uint64_t tid, uint64_t nthr) {
+  uint64_t i0 = 0;
+  if (aligned16(dst) && (!dst2 || aligned16(dst2)) && aligned16(src)) {
+    uint64_t nv = n / 16;
+    for (uint64_t v = tid; v < nv; v += nthr) {
+      uint4 x = reinterpret_cast<const uint4 *>(src)[v];
+      reinterpret_cast<uint4 *>(dst)[v] = x;
+      if (dst2)
+        reinterpret_cast<uint4 *>(dst2)[v] = x;
+    }
+    i0 = nv * 16;
+  }
+  for (uint64_t i = i0 + tid; i < n; i += nthr) {
+    char x = src[i];
+    dst[i] = x;
+    if (dst2)
+      dst2[i] = x;
+  }
+}
+
+template <typename T>
+__device__ void reduce_typed(const struct red_op &op, void *dst, void *dst2, const void *a, const void *b, uint64_t n,
+                             int final, uint64_t tid, uint64_t nthr) {
+  T *d = (T *)dst, *d2 = (T *)dst2;
+  const T *x = (const T *)a, *y = (const T *)b;
+  switch (op.kind) {
+  case RED_SUM: apply(d, d2, x, y, n, Combine<T, RED_SUM>(op, final), tid, nthr); break;
+  case RED_PROD: apply(d, d2, x, y, n, Combine<T, RED_PROD>(op, final), tid, nthr); break;
+  case RED_MAX: apply(d, d2, x, y, n, Combine<T, RED_MAX>(op, final), tid, nthr); break;
+  default: apply(d, d2, x, y, n, Combine<T, RED_MIN>(op, final), tid, nthr); break;
+  }
+}
+
+/* dst = a OP b, or the transformed b alone when a is NULL. */
+__device__ void reduce_any(const struct red_op &op, void *dst, void *dst2, const void *a, const void *b, uint64_t n,
+                           int final, uint64_t tid, uint64_t nthr) {
+  switch (op.dtype) {
+  case ncclInt8: reduce_typed<int8_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclUint8: reduce_typed<uint8_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclInt32: reduce_typed<int32_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclUint32: reduce_typed<uint32_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclInt64: reduce_typed<int64_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclUint64: reduce_typed<uint64_t>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclFloat16: reduce_typed<Half>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclFloat32: reduce_typed<float>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclFloat64: reduce_typed<double>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclBfloat16: reduce_typed<Bf16>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclFloat8e4m3: reduce_typed<E4m3>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case ncclFloat8e5m2: reduce_typed<E5m2>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  }
+}
+
+/* ---- FIFO handshakes (thread 0) ----------------------------------------- */
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ bool aborted(const struct dev_status *st) { return *(volatile const int32_t *)&st->abort; }
+
+/* Spins until `*p` (a counter the peer advances) reaches `want`; false if
+ * the communicator is aborted meanwhile. */
+__device__ bool wait_counter(const uint64_t *p, uint64_t want, const struct dev_status *st) {
+  for (uint32_t spins = 0;; spins++) {
+    if (load_acquire(p) >= want)
+      return true;
+    if ((spins & 1023) == 1023 && aborted(st))
+      return false;
+  }
+}
+
+/* The header a peer wrote, read word by word: it may change under us only
+ * if the peer misbehaves, but it must be read from memory, not a cache. */
+__device__ struct slot_hdr read_hdr(const char *slot) {
+  struct slot_hdr h;
+  uint64_t *d = (uint64_t *)&h;
+  const volatile uint64_t *s = (const volatile uint64_t *)slot;
+  for (unsigned k = 0; k < sizeof h / 8; k++)
+    d[k] = s[k];
+  return h;
+}
+
+__device__ bool hdr_matches(const struct slot_hdr &want, const struct slot_hdr &got, int check_seq) {
+  return got.coll == want.coll && got.dtype == want.dtype && got.count == want.count && got.op == want.op &&
+         got.root == want.root && (!check_seq || got.seq == want.seq) && got.bytes == want.bytes;
+}
+
+__device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32_t work, uint32_t step, int32_t peer,
+                       const struct slot_hdr *got, const struct slot_hdr *want) {
+  if (atomicCAS((int *)&st->error, DEV_ERR_NONE, err) == DEV_ERR_NONE) {
+    st->peer = peer;
+    st->lane = (int32_t)lane;
+    st->work = (int32_t)work;
+    st->step = (int32_t)step;
+    if (got)
+      st->got = *got;
+    if (want)
+      st->want = *want;
+  }
+  __threadfence_system();
+  st->abort = 1;
+  __threadfence_system();
+}
+
+/* ---- the kernel ---------------------------------------------------------- */
+
+__global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan *plan) {
+  __shared__ struct dev_work w;
+  __shared__ struct step st;
+  __shared__ int stop;
+  const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+  const struct dev_lane lane = plan->lanes[blockIdx.x];
+  struct dev_status *status = plan->status;
+  for (uint32_t wi = lane.first; wi < lane.first + lane.count; wi++) {
+    if (tid == 0) {
+      w = plan->works[wi];
+      stop = 0;
+      if (w.scalar_dev) {
+        /* A PreMulSum scalar in device memory is read when the work runs. */
+        switch (w.red.dtype) {
+        case ncclInt8: w.red.scalar.i = *(const int8_t *)w.scalar_dev; break;
+        case ncclUint8: w.red.scalar.u = *(const uint8_t *)w.scalar_dev; break;
+        case ncclInt32: w.red.scalar.i = *(const int32_t *)w.scalar_dev; break;
+        case ncclUint32: w.red.scalar.u = *(const uint32_t *)w.scalar_dev; break;
+        case ncclInt64: w.red.scalar.i = *(const int64_t *)w.scalar_dev; break;
+        case ncclUint64: w.red.scalar.u = *(const uint64_t *)w.scalar_dev; break;
+        case ncclFloat16: w.red.scalar.f = Num<Half>::in(*(const Half *)w.scalar_dev); break;
+        case ncclFloat32: w.red.scalar.f = *(const float *)w.scalar_dev; break;
+        case ncclFloat64: w.red.scalar.f = *(const double *)w.scalar_dev; break;
+        case ncclBfloat16: w.red.scalar.f = Num<Bf16>::in(*(const Bf16 *)w.scalar_dev); break;
+        case ncclFloat8e4m3: w.red.scalar.f = Num<E4m3>::in(*(const E4m3 *)w.scalar_dev); break;
+        case ncclFloat8e5m2: w.red.scalar.f = Num<E5m2>::in(*(const E5m2 *)w.scalar_dev); break;
+        }
+      }
+    }
+    __syncthreads();
+    uint64_t rstep = w.recv.step, sstep = w.send.step;
+    for (uint32_t si = 0; si < w.nsteps; si++) {
+      if (tid == 0)
+        st = w.steps[si];
+      __syncthreads();
+      const int recv = step_recvs(st.kind), send = step_sends(st.kind);
+      const int final = st.flags & STEP_FINAL;
+      const int transform = w.red.premul || (final && w.red.postdiv);
+      for (uint64_t off = 0; off < st.nelem; off += w.piece) {
+        const uint64_t n = st.nelem - off < w.piece ? st.nelem - off : w.piece;
+        const uint64_t bytes = n * w.esize;
+        char *rslot = recv ? w.recv.base + (rstep % NCCL_STEPS) * w.recv.stride : NULL;
+        char *sslot = send ? w.send.base + (sstep % NCCL_STEPS) * w.send.stride : NULL;
+        if (tid == 0) {
+          if (recv && !wait_counter(w.recv.tail, rstep + 1, status))
+            stop = 1;
+          if (!stop && recv) {
+            struct slot_hdr got = read_hdr(rslot), want = w.expect;
+            want.bytes = (uint32_t)bytes;
+            if (!hdr_matches(want, got, w.check_seq)) {
+              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, si, w.recv.peer, &got, &want);
+              stop = 1;
+            }
+          }
+          if (!stop && send && !wait_counter(w.send.head, sstep + 1 > NCCL_STEPS ? sstep + 1 - NCCL_STEPS : 0, status))
+            stop = 1;
+        }
+        __syncthreads();
+        if (stop)
+          return;
+        const char *in = rslot ? rslot + SLOT_HDR_BYTES : NULL;
+        char *out = sslot ? sslot + SLOT_HDR_BYTES : NULL;
+        const char *src = w.src ? w.src + (st.src_off + off) * w.esize : NULL;
+        char *dst = w.dst ? w.dst + (st.dst_off + off) * w.esize : NULL;
+        switch (st.kind) {
+        case STEP_SEND:
+          if (transform)
+            reduce_any(w.red, out, NULL, NULL, src, n, final, tid, nthr);
+          else
+            copy_bytes(out, NULL, src, bytes, tid, nthr);
+          break;
+        case STEP_RECV: copy_bytes(dst, NULL, in, bytes, tid, nthr); break;
+        case STEP_COPY_SEND: copy_bytes(out, dst != src ? dst : NULL, src, bytes, tid, nthr); break;
+        case STEP_RECV_COPY_SEND: copy_bytes(out, dst, in, bytes, tid, nthr); break;
+        case STEP_RECV_REDUCE_SEND: reduce_any(w.red, out, NULL, in, src, n, 0, tid, nthr); break;
+        case STEP_RECV_REDUCE_COPY: reduce_any(w.red, dst, NULL, in, src, n, final, tid, nthr); break;
+        case STEP_RECV_REDUCE_COPY_SEND: reduce_any(w.red, dst, out, in, src, n, final, tid, nthr); break;
+        case STEP_COPY:
+          if (transform)
+            reduce_any(w.red, dst, NULL, NULL, src, n, final, tid, nthr);
+          else if (dst != src)
+            copy_bytes(dst, NULL, src, bytes, tid, nthr);
+          break;
+        }
+        /* Every thread's writes to the outgoing slot must be visible to the
+         * peer before the tail that announces them. */
+        if (send)
+          __threadfence_system();
+        __syncthreads();
+        if (tid == 0) {
+          if (send) {
+            struct slot_hdr h = w.mine;
+            h.bytes = (uint32_t)bytes;
+            *(struct slot_hdr *)sslot = h;
+            __threadfence_system();
+            store_release(w.send.tail, sstep + 1);
+          }
+          if (recv)
+            store_release(w.recv.head, rstep + 1);
+          status->progress = status->progress + 1;
+        }
+        rstep += recv;
+        sstep += send;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(DEV_THREADS) bench_kernel(struct red_op op, void *dst, const void *a, const void *b,
+                                                             uint64_t n) {
+  reduce_any(op, dst, NULL, a, b, n, 1, (uint64_t)blockIdx.x * blockDim.x + threadIdx.x,
+             (uint64_t)gridDim.x * blockDim.x);
+}
+
+extern "C" int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream) {
+  loom_kernel<<<nlanes, DEV_THREADS, 0, (cudaStream_t)stream>>>(plan);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int cuda_bench_reduce(const struct red_op *op, void *dst, const void *a, const void *b, uint64_t n,
+                                 void *stream) {
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  bench_kernel<<<sms * 4, DEV_THREADS, 0, (cudaStream_t)stream>>>(*op, dst, a, b, n);
+  return (int)cudaGetLastError();
+}
