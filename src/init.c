@@ -370,7 +370,10 @@ static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const
     goto out;
   }
   INFO(LOG_INIT, "split: rank %d color %d key %d -> rank %d of %d", parent->rank, color, key, newrank, newn);
-  r = comm_init(child, newn, &all[leader].id, newrank, config);
+  /* The child lives on its parent's device, whatever thread splits it. */
+  r = parent->is_host ? ncclSuccess : cuda_set_device(parent->cuda_dev);
+  if (r == ncclSuccess)
+    r = comm_init(child, newn, &all[leader].id, newrank, config);
 out:
   free(all);
   return r;

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include "exec/dtype.h"
+#if LOOM_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
 #include "coll_matrix.h"
 #include "harness.h"
 #include "loom.h"
@@ -157,23 +160,56 @@ struct cfg {
   int socket;
 };
 
+#define LOOM_MAX_OFF(a, b) ((a) > (b) ? (a) : (b))
+
 static int nops_for(int coll) { return coll <= C_REDUCESCATTER ? 6 : 1; }
 
+/* Where a CUDA communicator's calls run: a device twin of the host pool
+ * (data is prepared and checked on the host) and a stream. */
+struct gpu {
+  char *pool;
+  void *stream;
+};
+
 static ncclResult_t call(int coll, const void *s, void *r, size_t count, int t, ncclRedOp_t op, int root,
-                         ncclComm_t comm) {
+                         ncclComm_t comm, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
   switch (coll) {
-  case C_ALLREDUCE: return ncclAllReduce(s, r, count, t, op, comm, NULL);
-  case C_REDUCE: return ncclReduce(s, r, count, t, op, root, comm, NULL);
-  case C_REDUCESCATTER: return ncclReduceScatter(s, r, count, t, op, comm, NULL);
-  case C_ALLGATHER: return ncclAllGather(s, r, count, t, comm, NULL);
-  default: return ncclBroadcast(s, r, count, t, root, comm, NULL);
+  case C_ALLREDUCE: return ncclAllReduce(s, r, count, t, op, comm, st);
+  case C_REDUCE: return ncclReduce(s, r, count, t, op, root, comm, st);
+  case C_REDUCESCATTER: return ncclReduceScatter(s, r, count, t, op, comm, st);
+  case C_ALLGATHER: return ncclAllGather(s, r, count, t, comm, st);
+  default: return ncclBroadcast(s, r, count, t, root, comm, st);
   }
+}
+
+/* Runs the call on the host pool, or on its device twin: the bytes the call
+ * touches go over before and come back after. */
+static int call_on(const struct gpu *g, int coll, char *pool, size_t used, const char *sendbuf, char *recvbuf,
+                   size_t count, int t, ncclRedOp_t op, int root, ncclComm_t comm) {
+  if (!g) {
+    RCHECK(comm, call(coll, sendbuf, recvbuf, count, t, op, root, comm, NULL));
+    return 0;
+  }
+#if LOOM_TEST_CUDA
+  RASSERT(cudaMemcpy(g->pool, pool, used, cudaMemcpyHostToDevice) == cudaSuccess, "copy to the GPU");
+  RCHECK(comm, call(coll, g->pool + (sendbuf - pool), g->pool + (recvbuf - pool), count, t, op, root, comm, g->stream));
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)g->stream);
+  RASSERT(e == cudaSuccess, "cudaStreamSynchronize: %s", cudaGetErrorString(e));
+  ncclResult_t async = ncclSuccess;
+  RCHECK(comm, ncclCommGetAsyncError(comm, &async));
+  RASSERT(async == ncclSuccess, "asynchronous error: %s", ncclGetLastError(comm));
+  RASSERT(cudaMemcpy(pool, g->pool, used, cudaMemcpyDeviceToHost) == cudaSuccess, "copy from the GPU");
+  return 0;
+#else
+  return 1;
+#endif
 }
 
 /* One call and its check. Out-of-place buffers are deliberately
  * misaligned; in-place ones sit where NCCL's in-place rules put them. */
-static int run_one(ncclComm_t comm, int rank, int n, int coll, int t, int opi, size_t count, int inplace,
-                   char *pool, size_t pool_bytes) {
+static int run_one(ncclComm_t comm, const struct gpu *g, int rank, int n, int coll, int t, int opi, size_t count,
+                   int inplace, char *pool, size_t pool_bytes) {
   size_t es = dtype_size(t);
   size_t send_n = coll == C_REDUCESCATTER ? count * n : count;
   size_t recv_n = coll == C_ALLGATHER ? count * n : count;
@@ -202,7 +238,9 @@ static int run_one(ncclComm_t comm, int rank, int n, int coll, int t, int opi, s
     dtype_store(t, scalar, 0, premul_scalar(t, rank));
     RCHECK(comm, ncclRedOpCreatePreMulSum(&rop, scalar, t, ncclScalarHostImmediate, comm));
   }
-  RCHECK(comm, call(coll, sendbuf, recvbuf, count, t, rop, root, comm));
+  size_t used = LOOM_MAX_OFF(sendbuf + send_n * es, recvbuf + recv_n * es) - pool;
+  if (call_on(g, coll, pool, used, sendbuf, recvbuf, count, t, rop, root, comm))
+    return 1;
   if (opi == OP_PREMUL)
     RCHECK(comm, ncclRedOpDestroy(rop, comm));
   double avg_scalar = 0;
@@ -240,16 +278,34 @@ int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
   size_t pool_bytes = (size_t)(LARGE + 64) * 8 * 2 + 4096;
   char *pool = malloc(pool_bytes);
   RASSERT(pool != NULL, "out of memory");
+  size_t large = LARGE;
+  int is_host = 1;
+  RCHECK(comm, loomCommIsHost(comm, &is_host));
+  struct gpu gpu_ctx, *g = NULL;
+  if (!is_host) {
+#if LOOM_TEST_CUDA
+    /* GPU ranks often share one device by time slices; the large count
+     * shrinks to keep the matrix within the device check's minutes. */
+    large = getenv("LOOM_TEST_LARGE") ? (size_t)atol(getenv("LOOM_TEST_LARGE")) : 65539;
+    cudaStream_t st;
+    RASSERT(cudaMalloc((void **)&gpu_ctx.pool, pool_bytes) == cudaSuccess, "cudaMalloc of the pool");
+    RASSERT(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreate");
+    gpu_ctx.stream = st;
+    g = &gpu_ctx;
+#else
+    RASSERT(0, "a CUDA communicator, but this test was built without CUDA");
+#endif
+  }
   int calls = 0;
   for (int coll = 0; coll < C_COUNT; coll++)
     for (int t = 0; t < ncclNumTypes; t++)
       for (int opi = 0; opi < nops_for(coll); opi++)
         for (int k = 0; k < 5; k++) {
           size_t count = k < 4 ? small[k]
-                         : (coll == C_ALLGATHER || coll == C_REDUCESCATTER) ? (size_t)((LARGE / n) | 1)
-                                                                            : (size_t)LARGE;
+                         : (coll == C_ALLGATHER || coll == C_REDUCESCATTER) ? (size_t)((large / n) | 1)
+                                                                            : large;
           for (int inplace = 0; inplace < 2; inplace++) {
-            if (run_one(comm, rank, n, coll, t, opi, count, inplace, pool, pool_bytes)) {
+            if (run_one(comm, g, rank, n, coll, t, opi, count, inplace, pool, pool_bytes)) {
               free(pool);
               return 1;
             }
@@ -257,6 +313,12 @@ int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
           }
         }
   free(pool);
+#if LOOM_TEST_CUDA
+  if (g) {
+    cudaFree(g->pool);
+    cudaStreamDestroy((cudaStream_t)g->stream);
+  }
+#endif
   *ncalls = calls;
   return 0;
 }

@@ -326,6 +326,9 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
     __syncthreads();
     uint64_t rstep = w.recv.step, sstep = w.send.step;
     for (uint32_t si = 0; si < w.nsteps; si++) {
+      /* Every thread is done with the previous step's fields before thread
+       * 0 replaces them. */
+      __syncthreads();
       if (tid == 0)
         st = w.steps[si];
       __syncthreads();

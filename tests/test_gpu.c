@@ -1,0 +1,246 @@
+/*
+ * CUDA communicators, on a machine with a GPU: the collective matrix on
+ * device buffers with 1, 2 and 4 ranks sharing the device (processes),
+ * ordering with the stream's other work, groups, ncclCommInitAll on one
+ * device, device-resident PreMulSum scalars, and host pointers refused.
+ * Without a device every test skips with "no CUDA device".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll_matrix.h"
+#include "harness.h"
+#include "loom.h"
+#include "nccl.h"
+#include "test.h"
+
+#if LOOM_TEST_CUDA
+#include <cuda_runtime.h>
+
+static int no_device(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return 1;
+  }
+  return 0;
+}
+
+#define NEED_GPU()                   \
+  do {                               \
+    if (no_device())                 \
+      SKIP("no CUDA device");        \
+  } while (0)
+
+#define CUDA_OK(call)                                                                          \
+  do {                                                                                         \
+    cudaError_t cuda_ok_e_ = (call);                                                           \
+    RASSERT(cuda_ok_e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cuda_ok_e_));      \
+  } while (0)
+
+static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  int is_host = 1, dev = -2;
+  RCHECK(comm, loomCommIsHost(comm, &is_host));
+  RCHECK(comm, ncclCommCuDevice(comm, &dev));
+  RASSERT(!is_host && dev == 0, "expected a CUDA communicator on device 0 (host %d, device %d)", is_host, dev);
+  int calls = 0;
+  if (coll_matrix(comm, rank, n, &calls))
+    return 1;
+  if (n > 1) {
+    const char *tr;
+    RCHECK(comm, loomCommPeerTransport(comm, (rank + 1) % n, &tr));
+    RASSERT(strcmp(tr, getenv("NCCL_P2P_DISABLE") ? "shm" : "p2p") == 0, "rank %d reached its neighbour over %s",
+            rank, tr);
+    if (rank == 0)
+      printf("%d GPU ranks over %s: %d calls checked\n", n, tr, calls);
+  }
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(gpu_coll_1) {
+  NEED_GPU();
+  return run_ranks(1, matrix_rank, NULL);
+}
+TEST_IMPL(gpu_coll_2) {
+  NEED_GPU();
+  return run_ranks(2, matrix_rank, NULL);
+}
+TEST_IMPL(gpu_coll_4) {
+  NEED_GPU();
+  return run_ranks(4, matrix_rank, NULL);
+}
+/* Device buffers through pinned host memory instead of IPC. */
+TEST_IMPL(gpu_coll_shm_2) {
+  NEED_GPU();
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  return run_ranks(2, matrix_rank, NULL);
+}
+
+/* The collective runs in stream order: an upload before it, a download and
+ * a second collective after it, one synchronisation at the end. */
+static int order_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  enum { N = 1 << 20 };
+  float *h = malloc(N * sizeof *h), *out, *d;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc((void **)&d, N * sizeof *d));
+  CUDA_OK(cudaMallocHost((void **)&out, N * sizeof *out));
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(rank + 1) * (float)(i % 13);
+  CUDA_OK(cudaMemsetAsync(d, 0xff, N * sizeof *d, s));
+  CUDA_OK(cudaMemcpyAsync(d, h, N * sizeof *d, cudaMemcpyHostToDevice, s));
+  RCHECK(comm, ncclAllReduce(d, d, N, ncclFloat, ncclSum, comm, s));
+  RCHECK(comm, ncclGroupStart());
+  RCHECK(comm, ncclAllReduce(d, d, N, ncclFloat, ncclSum, comm, s)); /* twice the sum, times n */
+  RCHECK(comm, ncclBroadcast(d, d, N, ncclFloat, 0, comm, s));
+  RCHECK(comm, ncclGroupEnd());
+  CUDA_OK(cudaMemcpyAsync(out, d, N * sizeof *d, cudaMemcpyDeviceToHost, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  float tri = (float)(n * (n + 1) / 2);
+  for (int i = 0; i < N; i++)
+    RASSERT(out[i] == tri * (float)n * (float)(i % 13), "element %d is %g", i, out[i]);
+  free(h);
+  cudaFreeHost(out);
+  cudaFree(d);
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(gpu_stream_order) {
+  NEED_GPU();
+  return run_ranks(2, order_rank, NULL);
+}
+
+/* A host pointer is refused with a sentence instead of a crash. */
+TEST_IMPL(gpu_host_pointer) {
+  NEED_GPU();
+  ncclComm_t comm;
+  int dev = 0;
+  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
+  float host[16];
+  ASSERT(ncclAllReduce(host, host, 16, ncclFloat, ncclSum, comm, NULL) == ncclInvalidArgument);
+  ASSERT_MSG(strstr(ncclGetLastError(comm), "ordinary host memory") != NULL, "%s", ncclGetLastError(comm));
+  ASSERT_OK(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Several ranks of one process on one GPU, driven by one thread. */
+TEST_IMPL(gpu_init_all_shared) {
+  NEED_GPU();
+  enum { R = 3, N = 100003 };
+  ncclComm_t comms[R];
+  int devs[R] = {0, 0, 0};
+  ASSERT_OK(ncclCommInitAll(comms, R, devs));
+  float *d[R];
+  cudaStream_t s[R];
+  for (int r = 0; r < R; r++) {
+    ASSERT(cudaStreamCreate(&s[r]) == cudaSuccess && cudaMalloc((void **)&d[r], N * 4) == cudaSuccess);
+    float *h = malloc(N * 4);
+    for (int i = 0; i < N; i++)
+      h[i] = (float)(r + i % 5);
+    ASSERT(cudaMemcpy(d[r], h, N * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    free(h);
+  }
+  ASSERT_OK(ncclGroupStart());
+  for (int r = 0; r < R; r++)
+    ASSERT_OK(ncclAllReduce(d[r], d[r], N, ncclFloat, ncclSum, comms[r], s[r]));
+  ASSERT_OK(ncclGroupEnd());
+  float *out = malloc(N * 4);
+  for (int r = 0; r < R; r++) {
+    ASSERT(cudaStreamSynchronize(s[r]) == cudaSuccess);
+    ASSERT(cudaMemcpy(out, d[r], N * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int i = 0; i < N; i++)
+      ASSERT_MSG(out[i] == (float)(3 + R * (i % 5)), "rank %d element %d is %g", r, i, out[i]);
+  }
+  for (int r = 0; r < R; r++)
+    ASSERT_OK(ncclCommDestroy(comms[r]));
+  return 0;
+}
+
+/* ncclScalarDevice: the kernel reads the scalar when the collective runs,
+ * so a change queued on the stream before the call is seen. */
+static int scalar_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  float *scalar, *buf, two = 2.0f, three = 3.0f, x[64], out[64];
+  CUDA_OK(cudaMalloc((void **)&scalar, 4));
+  CUDA_OK(cudaMalloc((void **)&buf, sizeof x));
+  CUDA_OK(cudaMemcpy(scalar, &two, 4, cudaMemcpyHostToDevice));
+  ncclRedOp_t op;
+  RCHECK(comm, ncclRedOpCreatePreMulSum(&op, scalar, ncclFloat, ncclScalarDevice, comm));
+  for (int i = 0; i < 64; i++)
+    x[i] = (float)i;
+  CUDA_OK(cudaMemcpyAsync(buf, x, sizeof x, cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaMemcpyAsync(scalar, &three, 4, cudaMemcpyHostToDevice, s));
+  RCHECK(comm, ncclAllReduce(buf, buf, 64, ncclFloat, op, comm, s));
+  CUDA_OK(cudaMemcpyAsync(out, buf, sizeof out, cudaMemcpyDeviceToHost, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  for (int i = 0; i < 64; i++)
+    RASSERT(out[i] == 3.0f * (float)n * (float)i, "element %d is %g", i, out[i]);
+  RCHECK(comm, ncclRedOpDestroy(op, comm));
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(gpu_premulsum_device_scalar) {
+  NEED_GPU();
+  return run_ranks(2, scalar_rank, NULL);
+}
+
+/* A mismatched call on the GPU surfaces as the communicator's asynchronous
+ * error with the sentence naming both calls. */
+static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  CUDA_OK(cudaSetDevice(0));
+  setenv("LOOM_TIMEOUT", "10", 1);
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float *d;
+  CUDA_OK(cudaMalloc((void **)&d, 4096 * 4));
+  RCHECK(comm, ncclAllReduce(d, d, rank == 0 ? 1000 : 1001, ncclFloat, ncclSum, comm, NULL));
+  cudaDeviceSynchronize();
+  ncclResult_t async = ncclSuccess;
+  for (int i = 0; i < 200 && async == ncclSuccess; i++) {
+    RCHECK(comm, ncclCommGetAsyncError(comm, &async));
+    if (async == ncclSuccess) {
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL); /* polling an asynchronous error, as users do */
+    }
+  }
+  RASSERT(async == ncclInvalidUsage || async == ncclRemoteError, "async error %d", (int)async);
+  RASSERT(strstr(ncclGetLastError(comm), "rank") != NULL, "%s", ncclGetLastError(comm));
+  ncclCommAbort(comm);
+  return 0;
+}
+
+TEST_IMPL(gpu_mismatch) {
+  NEED_GPU();
+  return run_ranks(2, mismatch_rank, NULL);
+}
+
+#else
+
+#define NO_CUDA(name) \
+  TEST_IMPL(name) { SKIP("no CUDA device (this build has no CUDA toolkit)"); }
+NO_CUDA(gpu_coll_1)
+NO_CUDA(gpu_coll_2)
+NO_CUDA(gpu_coll_4)
+NO_CUDA(gpu_coll_shm_2)
+NO_CUDA(gpu_stream_order)
+NO_CUDA(gpu_host_pointer)
+NO_CUDA(gpu_init_all_shared)
+NO_CUDA(gpu_premulsum_device_scalar)
+NO_CUDA(gpu_mismatch)
+
+#endif
