@@ -397,7 +397,7 @@ LOOM_EXPORT ncclResult_t loomUniqueIdRootAddress(const ncclUniqueId *id, char *b
   return ncclSuccess;
 }
 
-LOOM_EXPORT const char *loomTransports(void) { return "shm net/socket"; }
+LOOM_EXPORT const char *loomTransports(void) { return LOOM_HAVE_CUDA ? "p2p shm net/socket" : "shm net/socket"; }
 
 LOOM_EXPORT ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost) {
   ncclResult_t r = check_query(comm, isHost, "loomCommIsHost");
