@@ -97,7 +97,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   free(comm->peers);
   free(comm->p2p_send);
   free(comm->p2p_recv);
-  free(comm->channels[0].ring); /* all channels share one ring so far */
+  free(comm->topo_rings);
   free(comm->user_ops);
   for (struct task *t = comm->tasks_head, *n; t; t = n) {
     n = t->next;

@@ -30,13 +30,18 @@ struct peer_info {
   int32_t nchannels_wanted;
   int32_t p2p_disabled;
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
+  int32_t numa;   /* the NUMA node the rank runs on */
+  int32_t pad2;
 };
 
 struct channel {
   int id;
   int ring_prev, ring_next;
   int ring_index;   /* this rank's position in `ring` */
-  int *ring;        /* the ranks in ring order */
+  int *ring;        /* the ranks in ring order (into comm->topo_rings) */
+  int tree_up;      /* this rank's parent in the channel's tree, -1 at the root */
+  int tree_down[3]; /* its children, -1 where there are fewer */
+  int nic;          /* the host's NIC node the channel uses, -1 if none */
 };
 
 /* A PreMulSum operator made by ncclRedOpCreatePreMulSum. */
@@ -63,6 +68,7 @@ struct ncclComm {
   size_t buffsize;
   int nchannels;
   struct channel channels[LOOM_MAX_CHANNELS];
+  int *topo_rings; /* every channel's ring, nchannels x nranks */
   /* Connections, created on first use: [channel][peer] for rings would be
    * wasteful, so rings keep theirs per channel and p2p per peer. */
   struct conn *ring_send[LOOM_MAX_CHANNELS], *ring_recv[LOOM_MAX_CHANNELS];

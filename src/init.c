@@ -169,6 +169,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   if (!comm->is_host)
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
   me->nchannels_wanted = want;
+  me->numa = topo_current_numa();
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
   /* Channels must agree everywhere: take the fewest any rank asked for. */
@@ -179,7 +180,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   CHECK(UTIL_CALLOC(&comm->p2p_recv, nranks, "p2p connections"));
   CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));
   open_pidfds(comm);
-  CHECK(topo_build_rings(comm));
+  CHECK(topo_setup_channels(comm));
   if (!comm->is_host)
     CHECK(cuda_comm_init(comm));
   if (comm->is_host)

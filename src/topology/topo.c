@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "comm.h"
+#include "bootstrap.h"
+#include "topology/discover.h"
+#include "topology/search.h"
 #include "topology/topo.h"
+#include "topology/topo_xml.h"
 #include "misc/utils.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,41 +43,189 @@ uint64_t topo_host_hash(void) {
   return util_hash_str(netns, h);
 }
 
-ncclResult_t topo_build_rings(struct ncclComm *comm) {
-  int n = comm->nranks;
-  int *order;
-  CHECK(UTIL_CALLOC(&order, n, "ring order"));
-  int k = 0;
-  /* Host by host, in the order their first rank appears. */
-  for (int r = 0; r < n; r++) {
-    int seen = 0;
-    for (int q = 0; q < r; q++)
-      if (comm->peers[q].host_hash == comm->peers[r].host_hash)
-        seen = 1;
-    if (seen)
-      continue;
-    for (int q = r; q < n; q++)
-      if (comm->peers[q].host_hash == comm->peers[r].host_hash)
-        order[k++] = q;
+/* ---- the process's topology ---- */
+
+static pthread_once_t system_once = PTHREAD_ONCE_INIT;
+static struct topo_system *system_topo;
+static ncclResult_t system_status;
+static char system_error[LOOM_ERR_LEN];
+
+static void system_load(void) {
+  if (param_is_set(P_TOPO_FILE)) {
+    system_status = topo_load(param_str(P_TOPO_FILE), &system_topo);
+    if (system_status == ncclSuccess)
+      INFO(LOG_GRAPH | LOG_INIT, "topology loaded from NCCL_TOPO_FILE=%s", param_str(P_TOPO_FILE));
+  } else {
+    system_status = topo_discover(&system_topo);
   }
+  if (system_status == ncclSuccess && param_is_set(P_TOPO_DUMP_FILE)) {
+    system_status = topo_dump(system_topo, param_str(P_TOPO_DUMP_FILE));
+    if (system_status == ncclSuccess)
+      INFO(LOG_GRAPH | LOG_INIT, "topology written to NCCL_TOPO_DUMP_FILE=%s", param_str(P_TOPO_DUMP_FILE));
+  }
+  if (system_status != ncclSuccess)
+    snprintf(system_error, sizeof system_error, "%s", err_thread_last());
+}
+
+ncclResult_t topo_get_system(const struct topo_system **out) {
+  pthread_once(&system_once, system_load);
+  if (system_status != ncclSuccess)
+    return err_set(system_status, "%s", system_error);
+  *out = system_topo;
+  return ncclSuccess;
+}
+
+int topo_current_numa(void) {
+  int cpu = sched_getcpu();
+  if (cpu < 0)
+    return 0;
+#if LOOM_HAVE_NUMA
+  if (numa_available() >= 0) {
+    int node = numa_node_of_cpu(cpu);
+    return node < 0 ? 0 : node;
+  }
+#endif
+  for (int node = 0; node < 4096; node++) {
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/node%d", cpu, node);
+    if (access(path, F_OK) == 0)
+      return node;
+  }
+  return 0;
+}
+
+/* The topology node a rank runs on: its GPU, or the CPU of its NUMA node. */
+static int rank_device(const struct topo_system *t, const struct peer_info *p) {
+  if (p->busid[0]) {
+    int g = topo_find_busid(t, p->busid);
+    if (g >= 0)
+      return g;
+  }
+  int first = -1;
+  for (int i = 0; i < t->n; i++)
+    if (t->nodes[i].type == TOPO_CPU) {
+      if (t->nodes[i].numa == p->numa)
+        return i;
+      if (first < 0)
+        first = i;
+    }
+  return first;
+}
+
+static void log_channels(const struct ncclComm *comm) {
+  if (!log_enabled(LOG_INFO, LOG_GRAPH))
+    return;
   for (int c = 0; c < comm->nchannels; c++) {
-    struct channel *ch = &comm->channels[c];
-    ch->id = c;
-    ch->ring = order; /* shared by all channels until topology search gives each its own */
-    for (int i = 0; i < n; i++)
-      if (order[i] == comm->rank)
-        ch->ring_index = i;
-    ch->ring_next = order[(ch->ring_index + 1) % n];
-    ch->ring_prev = order[(ch->ring_index - 1 + n) % n];
-  }
-  if (log_enabled(LOG_INFO, LOG_GRAPH)) {
+    const struct channel *ch = &comm->channels[c];
     char line[512];
     size_t o = 0;
-    for (int i = 0; i < n && o < sizeof line - 16; i++)
-      o += snprintf(line + o, sizeof line - o, "%s%d", i ? " " : "", order[i]);
-    INFO(LOG_GRAPH, "ring: %s (%d channel%s)", line, comm->nchannels, comm->nchannels > 1 ? "s" : "");
+    for (int i = 0; i < comm->nranks && o < sizeof line - 16; i++)
+      o += snprintf(line + o, sizeof line - o, "%s%d", i ? " " : "", ch->ring[i]);
+    INFO(LOG_GRAPH, "channel %02d: ring %s; tree up %d down %d/%d/%d", c, line, ch->tree_up, ch->tree_down[0],
+         ch->tree_down[1], ch->tree_down[2]);
   }
-  return ncclSuccess;
+}
+
+ncclResult_t topo_setup_channels(struct ncclComm *comm) {
+  const struct topo_system *t = NULL;
+  CHECK(topo_get_system(&t));
+  int n = comm->nranks, me = comm->rank;
+  /* Hosts in the order of their lowest rank; the ranks of each. */
+  int *host_of, *nlocal, **host_ranks;
+  CHECK(UTIL_CALLOC(&host_of, n, "hosts"));
+  CHECK(UTIL_CALLOC(&nlocal, n, "hosts"));
+  CHECK(UTIL_CALLOC(&host_ranks, n, "hosts"));
+  int nhosts = 0;
+  for (int r = 0; r < n; r++) {
+    int h = -1;
+    for (int q = 0; q < r && h < 0; q++)
+      if (comm->peers[q].host_hash == comm->peers[r].host_hash)
+        h = host_of[q];
+    if (h < 0)
+      h = nhosts++;
+    host_of[r] = h;
+    nlocal[h]++;
+  }
+  ncclResult_t res = ncclSuccess;
+  for (int h = 0; h < nhosts && res == ncclSuccess; h++)
+    res = UTIL_CALLOC(&host_ranks[h], nlocal[h], "a host's ranks");
+  struct host_plan *plans = NULL;
+  uint8_t *pos = NULL;
+  int mine = host_of[me], nch = comm->nchannels;
+  if (res == ncclSuccess)
+    res = UTIL_CALLOC(&plans, nhosts, "host plans");
+  if (res == ncclSuccess)
+    res = UTIL_CALLOC(&pos, (size_t)n * LOOM_MAX_CHANNELS, "chain positions");
+  if (res != ncclSuccess)
+    goto out;
+  for (int h = 0; h < nhosts; h++)
+    nlocal[h] = 0;
+  for (int r = 0; r < n; r++)
+    host_ranks[host_of[r]][nlocal[host_of[r]]++] = r;
+  /* This rank plans its own host from its own topology; the other hosts'
+   * chains arrive as each rank's position in them. */
+  int *dev;
+  CHECK_GOTO(UTIL_CALLOC(&dev, nlocal[mine], "devices"), res, out);
+  for (int i = 0; i < nlocal[mine]; i++)
+    dev[i] = rank_device(t, &comm->peers[host_ranks[mine][i]]);
+  res = topo_plan_host(t, nlocal[mine], dev, nch, nhosts > 1, &plans[mine]);
+  free(dev);
+  if (res != ncclSuccess)
+    goto out;
+  for (int c = 0; c < nch; c++)
+    for (int k = 0; k < nlocal[mine]; k++)
+      if (host_ranks[mine][plans[mine].chain[c * nlocal[mine] + k]] == me)
+        pos[(size_t)me * LOOM_MAX_CHANNELS + c] = (uint8_t)k;
+  CHECK_GOTO(bootstrap_allgather(comm->boot, pos, LOOM_MAX_CHANNELS), res, out);
+  for (int h = 0; h < nhosts; h++) {
+    if (h == mine)
+      continue;
+    plans[h].n = nlocal[h];
+    plans[h].nchannels = nch;
+    CHECK_GOTO(UTIL_CALLOC(&plans[h].chain, (size_t)nlocal[h] * nch, "a host's chains"), res, out);
+    for (int c = 0; c < nch; c++)
+      for (int i = 0; i < nlocal[h]; i++) {
+        int k = pos[(size_t)host_ranks[h][i] * LOOM_MAX_CHANNELS + c];
+        if (k >= nlocal[h]) {
+          res = err_set(ncclInternalError, "rank %d reported position %d in a chain of %d", host_ranks[h][i], k,
+                        nlocal[h]);
+          goto out;
+        }
+        plans[h].chain[c * nlocal[h] + k] = i;
+      }
+  }
+  struct channels chs;
+  CHECK_GOTO(topo_build_channels(nhosts, plans, host_ranks, n, &chs), res, out);
+  comm->topo_rings = chs.ring;
+  chs.ring = NULL;
+  for (int c = 0; c < nch; c++) {
+    struct channel *ch = &comm->channels[c];
+    ch->id = c;
+    ch->ring = comm->topo_rings + (size_t)c * n;
+    for (int i = 0; i < n; i++)
+      if (ch->ring[i] == me)
+        ch->ring_index = i;
+    ch->ring_next = ch->ring[(ch->ring_index + 1) % n];
+    ch->ring_prev = ch->ring[(ch->ring_index - 1 + n) % n];
+    ch->tree_up = chs.tree_up[c * n + me];
+    for (int k = 0; k < 3; k++)
+      ch->tree_down[k] = chs.tree_down[(c * n + me) * TREE_MAX_CHILDREN + k];
+    ch->nic = plans[mine].nic[c];
+  }
+  topo_channels_free(&chs);
+  log_channels(comm);
+out:
+  for (int h = 0; h < nhosts; h++) {
+    free(host_ranks[h]);
+    if (plans)
+      topo_plan_free(&plans[h]);
+  }
+  free(plans);
+  free(pos);
+  free(host_of);
+  free(nlocal);
+  free(host_ranks);
+  return res;
 }
 
 static pthread_once_t host_logged = PTHREAD_ONCE_INIT;

@@ -18,10 +18,13 @@ struct ncclComm;
  * NCCL_HOSTID overrides it. */
 uint64_t topo_host_hash(void);
 
-/* Fills every channel's ring: hosts in the order of their lowest rank, each
- * host's ranks contiguous and in rank order, so that a ring crosses each
- * host boundary once. Every rank computes the same rings. */
-ncclResult_t topo_build_rings(struct ncclComm *comm);
+/* Fills every channel's ring and tree from the topology (search.h): each
+ * rank plans its own host, the plans are all-gathered, and every rank
+ * ends with the same channels. */
+ncclResult_t topo_setup_channels(struct ncclComm *comm);
+
+/* The NUMA node of the CPU the calling thread runs on. */
+int topo_current_numa(void);
 
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
