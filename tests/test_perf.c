@@ -91,3 +91,20 @@ TEST_IMPL(perf_loomrun_failing_rank) {
   ASSERT_MSG(rc == 3, "loomrun exited with %d, expected the failing rank's 3", rc);
   return 0;
 }
+
+/* loom-info on this host and on a fixture: what it prints is what a
+ * communicator computes. */
+TEST_IMPL(tools_loom_info) {
+  char *here[] = {LOOM_TOOLS_DIR "/loom-info", NULL};
+  int rc = run(here, out, sizeof out);
+  ASSERT_MSG(rc == 0, "loom-info exited with %d", rc);
+  ASSERT(strstr(out, "Transports built in:") && strstr(out, "NCCL_BUFFSIZE") && strstr(out, "Topology of"));
+  char *dgx[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", LOOM_TOPO_FIXTURES "/dgx_h100.xml", "--ranks", "16",
+                 "--hosts", "2", NULL};
+  rc = run(dgx, out, sizeof out);
+  ASSERT_MSG(rc == 0, "loom-info --topo exited with %d", rc);
+  ASSERT(strstr(out, "16 ranks on 2 hosts") && strstr(out, "channel  7 ring") && strstr(out, "mlx5_7"));
+  char *bad[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", "/nonexistent.xml", NULL};
+  ASSERT(run(bad, out, sizeof out) != 0);
+  return 0;
+}

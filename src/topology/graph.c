@@ -141,6 +141,7 @@ struct state {
   double bw;
   int hops;
   int pci_mid; /* PCI bridges passed through, capped at 2 */
+  int last;    /* the kind of link that led here */
   int done;
 };
 
@@ -161,7 +162,7 @@ static int extend(const struct topo_system *s, int src, int u, const struct topo
   if (u != src) {
     if (un->type == TOPO_NIC)
       return 0;
-    if (un->type == TOPO_GPU && l->type != LINK_NVL)
+    if (un->type == TOPO_GPU && (l->type != LINK_NVL || from->last != LINK_NVL))
       return 0;
   }
   *to = *from;
@@ -179,10 +180,11 @@ static int extend(const struct topo_system *s, int src, int u, const struct topo
     t = LOOM_MAX(t, PATH_PHB);
   if (l->type == LINK_SYS)
     t = LOOM_MAX(t, PATH_SYS);
-  /* Reaching a CPU from a device goes through its host bridge. */
-  if (vn->type == TOPO_CPU && s->nodes[src].type != TOPO_CPU)
+  /* Between a CPU and a device the path goes through the host bridge. */
+  if ((vn->type == TOPO_CPU) != (s->nodes[src].type == TOPO_CPU))
     t = LOOM_MAX(t, PATH_PHB);
   to->type = t;
+  to->last = l->type;
   return 1;
 }
 

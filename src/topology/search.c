@@ -8,11 +8,13 @@
 
 /* How good an order of devices is, compared lexicographically: its worst
  * hop first (a ring is as slow as its slowest link), then that hop's
- * bandwidth, then all hops together. */
+ * bandwidth, then all hops together, then how often it changes socket
+ * (which decides among NVSwitch peers, all equally near). */
 struct score {
   int worst;
   double bw;
   int sum;
+  int cross;
 };
 
 static int score_better(const struct score *a, const struct score *b) {
@@ -20,21 +22,25 @@ static int score_better(const struct score *a, const struct score *b) {
     return a->worst < b->worst;
   if (a->bw != b->bw)
     return a->bw > b->bw;
-  return a->sum < b->sum;
+  if (a->sum != b->sum)
+    return a->sum < b->sum;
+  return a->cross < b->cross;
 }
 
-static void score_add(struct score *s, const struct topo_path *p) {
+static void score_add(const struct topo_system *t, struct score *s, int a, int b) {
+  const struct topo_path *p = topo_path(t, a, b);
   s->worst = LOOM_MAX(s->worst, p->type);
   s->bw = LOOM_MIN(s->bw, (double)p->bw);
   s->sum += p->type;
+  s->cross += t->nodes[a].numa != t->nodes[b].numa;
 }
 
 static struct score score_order(const struct topo_system *t, const int *d, int k, int cycle) {
-  struct score s = {.worst = PATH_LOC, .bw = 1e9, .sum = 0};
+  struct score s = {.worst = PATH_LOC, .bw = 1e9, .sum = 0, .cross = 0};
   for (int i = 0; i + 1 < k; i++)
-    score_add(&s, topo_path(t, d[i], d[i + 1]));
+    score_add(t, &s, d[i], d[i + 1]);
   if (cycle && k > 2)
-    score_add(&s, topo_path(t, d[k - 1], d[0]));
+    score_add(t, &s, d[k - 1], d[0]);
   return s;
 }
 

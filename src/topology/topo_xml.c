@@ -246,7 +246,7 @@ static ncclResult_t link_nvlinks(struct reader *rd) {
     struct pending_nvlink *p = &rd->nvl[i];
     int peer = topo_find_busid(rd->s, p->target);
     double bw = p->count * topo_nvlink_bw(rd->s->nodes[p->gpu].sm);
-    if (peer >= 0 && rd->s->nodes[peer].type != TOPO_GPU)
+    if (peer >= 0 && rd->s->nodes[peer].type != TOPO_GPU && rd->s->nodes[peer].type != TOPO_NVS)
       return err_set(ncclInvalidArgument, "%s line %d: nvlink target %s is a %s, not a GPU or an NVSwitch",
                      rd->source, p->line, p->target, topo_type_name(rd->s->nodes[peer].type));
     if (peer < 0) {
@@ -255,7 +255,7 @@ static ncclResult_t link_nvlinks(struct reader *rd) {
         snprintf(rd->s->nodes[nvs].busid, sizeof rd->s->nodes[nvs].busid, "%s", p->target);
       }
       peer = nvs;
-    } else if (peer < p->gpu) {
+    } else if (rd->s->nodes[peer].type == TOPO_GPU && peer < p->gpu) {
       continue; /* both GPUs list the link; it is made once, from the lower */
     }
     CHECK(topo_connect(rd->s, p->gpu, peer, LINK_NVL, bw));
