@@ -69,6 +69,7 @@ struct ncclComm {
   int nchannels;
   struct channel channels[LOOM_MAX_CHANNELS];
   int *topo_rings; /* every channel's ring, nchannels x nranks */
+  char local_cpus[128]; /* the CPUs near this rank's GPU, for its threads */
   /* Connections, created on first use: [channel][peer] for rings would be
    * wasteful, so rings keep theirs per channel and p2p per peer. */
   struct conn *ring_send[LOOM_MAX_CHANNELS], *ring_recv[LOOM_MAX_CHANNELS];

@@ -168,6 +168,13 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm) {
   CHECK_GOTO(UTIL_CALLOC(&dev, nlocal[mine], "devices"), res, out);
   for (int i = 0; i < nlocal[mine]; i++)
     dev[i] = rank_device(t, &comm->peers[host_ranks[mine][i]]);
+  if (!comm->is_host) {
+    /* Threads that serve a GPU run on the CPUs next to it. */
+    int gpu = rank_device(t, &comm->peers[me]);
+    int cpu = gpu >= 0 ? topo_local_cpu(t, gpu) : -1;
+    if (cpu >= 0)
+      snprintf(comm->local_cpus, sizeof comm->local_cpus, "%s", t->nodes[cpu].affinity);
+  }
   res = topo_plan_host(t, nlocal[mine], dev, nch, nhosts > 1, &plans[mine]);
   free(dev);
   if (res != ncclSuccess)

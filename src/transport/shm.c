@@ -9,6 +9,7 @@
 #include "core.h"
 #include "comm.h"
 #include "misc/cudamem.h"
+#include "misc/place.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
@@ -104,6 +105,9 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
     sp->map = NULL;
     return err_set(ncclSystemError, "mmap of %zu bytes of shared memory failed: %s", sp->size, strerror(errno));
   }
+  /* The receiver reads its FIFO most: its pages go on the receiver's
+   * NUMA node. */
+  place_memory(sp->map, sp->size, c->comm->peers[c->comm->rank].numa);
   memset(sp->map, 0, sizeof(struct shm_ctrl));
   CHECK(shm_attach(c, sp, capacity));
   struct shm_info *si = info;

@@ -19,6 +19,7 @@
 #include "exec/cuda/dev.h"
 #include "exec/slot.h"
 #include "misc/cudamem.h"
+#include "misc/place.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
@@ -91,6 +92,7 @@ static void *proxy_main(void *arg) {
   struct ncclComm *comm = cc->comm;
   cudaSetDevice(comm->cuda_dev);
   log_set_rank(comm->rank);
+  place_thread(comm->local_cpus);
   struct waiter w;
   wait_reset(&w);
   uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0;

@@ -1,0 +1,18 @@
+/* Placement: memory on a NUMA node, threads on a set of CPUs.
+ * SPDX-License-Identifier: Apache-2.0 */
+#ifndef LOOM_PLACE_H
+#define LOOM_PLACE_H
+
+#include <stddef.h>
+
+/* Asks the kernel to put the pages of [ptr, ptr+size) on NUMA node `node`
+ * (before they are touched). A no-op without libnuma or on one node. */
+void place_memory(void *ptr, size_t size, int node);
+
+/* Binds the calling thread to the CPUs of `cpulist` ("0-27,56-83"): within
+ * the process's current affinity, unless NCCL_IGNORE_CPU_AFFINITY=1. Does
+ * nothing when the list is empty or the intersection is. Returns 1 if it
+ * bound the thread. */
+int place_thread(const char *cpulist);
+
+#endif
