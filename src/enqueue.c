@@ -69,9 +69,10 @@ static void work_free(struct work *w) {
   free(w);
 }
 
-static ncclResult_t new_work(struct task *t, uint64_t seq, struct work **out) {
+static ncclResult_t new_work(struct ncclComm *comm, struct task *t, uint64_t seq, struct work **out) {
   struct work *w;
   CHECK(UTIL_CALLOC(&w, 1, "a work item"));
+  w->comm = comm;
   w->task = t;
   w->seq = seq;
   w->esize = dtype_size(t->dtype);
@@ -104,12 +105,13 @@ static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_
     };
     schedule_channel_range(t->count, c, comm->nchannels, align, &a.off, &a.len);
     struct work *w;
-    CHECK(new_work(t, seq, &w));
+    CHECK(new_work(comm, t, seq, &w));
     ncclResult_t r = ring_schedule(&a, &w->sched);
     if (r == ncclSuccess && w->sched.nsteps > 0 && comm->nranks > 1) {
-      r = transport_get_conn(comm, CONN_RING, c, ch->ring_next, CONN_SEND, &w->send);
+      w->nsends = w->nrecvs = 1;
+      r = transport_get_conn(comm, CONN_RING, c, ch->ring_next, CONN_SEND, &w->sends[0]);
       if (r == ncclSuccess)
-        r = transport_get_conn(comm, CONN_RING, c, ch->ring_prev, CONN_RECV, &w->recv);
+        r = transport_get_conn(comm, CONN_RING, c, ch->ring_prev, CONN_RECV, &w->recvs[0]);
     }
     if (r != ncclSuccess || w->sched.nsteps == 0) {
       work_free(w);
@@ -126,7 +128,7 @@ static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_
 static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
   struct ncclComm *comm = p->comm;
   struct work *w;
-  CHECK(new_work(t, 0, &w));
+  CHECK(new_work(comm, t, 0, &w));
   ncclResult_t r = p2p_schedule(t->coll, t->count, &w->sched);
   /* Both directions with a peer are set up together, so that two ranks
    * that each send first (outside a group) set up matching pairs instead
@@ -136,10 +138,13 @@ static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
     r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_SEND, &send);
   if (r == ncclSuccess)
     r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_RECV, &recv);
-  if (t->coll == COLL_SEND)
-    w->send = send;
-  else
-    w->recv = recv;
+  if (t->coll == COLL_SEND) {
+    w->sends[0] = send;
+    w->nsends = 1;
+  } else {
+    w->recvs[0] = recv;
+    w->nrecvs = 1;
+  }
   if (r != ncclSuccess) {
     work_free(w);
     return r;
@@ -218,10 +223,18 @@ static void fail_context(const struct work *w, const char *what) {
   char desc[200];
   task_describe(w->task, desc, sizeof desc);
   if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
-    err_context("rank %d, %s%s", w->send ? w->send->comm->rank : w->recv->comm->rank, desc, what);
+    err_context("rank %d, %s%s", w->comm->rank, desc, what);
   else
-    err_context("rank %d, %s #%llu%s", w->send ? w->send->comm->rank : w->recv->comm->rank, desc,
-                (unsigned long long)w->seq, what);
+    err_context("rank %d, %s #%llu%s", w->comm->rank, desc, (unsigned long long)w->seq, what);
+}
+
+/* Every connection of the work, in a fixed order: receives, then sends. */
+static ncclResult_t each_conn(struct work *w, ncclResult_t (*fn)(struct conn *)) {
+  for (int i = 0; i < w->nrecvs; i++)
+    CHECK(fn(w->recvs[i]));
+  for (int i = 0; i < w->nsends; i++)
+    CHECK(fn(w->sends[i]));
+  return ncclSuccess;
 }
 
 /* Periodic checks while nothing moves: abort, dead peers, the timeout. */
@@ -234,9 +247,7 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
       struct work *w = p->lanes[l].head;
       if (!w)
         continue;
-      ncclResult_t r = check_conn(w->recv);
-      if (r == ncclSuccess)
-        r = check_conn(w->send);
+      ncclResult_t r = each_conn(w, check_conn);
       if (r != ncclSuccess) {
         fail_context(w, "");
         return r;
@@ -267,11 +278,12 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
         while (lane->head) {
           struct work *w = lane->head;
           int done = 0;
-          ncclResult_t r = progress_conn(w->recv);
+          ncclResult_t r = each_conn(w, progress_conn);
           if (r == ncclSuccess)
             r = exec_progress(w, &moved, &done);
-          if (r == ncclSuccess)
-            r = progress_conn(w->send);
+          /* What was just posted leaves now rather than next round. */
+          for (int k = 0; r == ncclSuccess && k < w->nsends; k++)
+            r = progress_conn(w->sends[k]);
           if (r != ncclSuccess) {
             fail_context(w, "");
             return r;

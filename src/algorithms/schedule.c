@@ -15,6 +15,11 @@ static const char *step_names[STEP_KIND_COUNT] = {
 const char *step_name(int kind) { return kind >= 0 && kind < STEP_KIND_COUNT ? step_names[kind] : "?"; }
 
 ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, size_t dst, size_t n) {
+  return schedule_push_peer(s, kind, flags, 0, 0, src, dst, n);
+}
+
+ncclResult_t schedule_push_peer(struct schedule *s, int kind, int flags, int si, int ri, size_t src, size_t dst,
+                                size_t n) {
   if (n == 0)
     return ncclSuccess; /* both ends of a connection skip the same empty chunks */
   if (s->nsteps == s->cap) {
@@ -25,8 +30,8 @@ ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, 
     s->steps = ns;
     s->cap = cap;
   }
-  s->steps[s->nsteps++] = (struct step){.kind = (uint8_t)kind, .flags = (uint8_t)flags, .src_off = src,
-                                         .dst_off = dst, .nelem = n};
+  s->steps[s->nsteps++] = (struct step){.kind = (uint8_t)kind, .flags = (uint8_t)flags, .si = (uint8_t)si,
+                                         .ri = (uint8_t)ri, .src_off = src, .dst_off = dst, .nelem = n};
   return ncclSuccess;
 }
 

@@ -26,13 +26,31 @@ enum step_kind {
 
 /* The step produces the final reduced value (integer Avg divides here). */
 #define STEP_FINAL 0x1
+/* The step's local input is the receive buffer (a partial result made by
+ * an earlier step), not the send buffer. */
+#define STEP_SRC_DST 0x2
+/* The local input is a partial result: PreMulSum's scalar was applied to
+ * it already. */
+#define STEP_NO_PREMUL 0x4
+
+/* Peers a work talks to: a ring's next and previous rank, a tree's parent
+ * and children, recursive doubling's partners. */
+#define WORK_MAX_PEERS 12
 
 struct step {
   uint8_t kind;
   uint8_t flags;
+  uint8_t si, ri; /* which of the work's send / receive peers */
+  uint32_t pad;
   uint64_t src_off; /* elements into the send buffer */
   uint64_t dst_off; /* elements into the receive buffer */
   uint64_t nelem;
+};
+
+/* The peers of a schedule, by index: send[i] and recv[i] are ranks. */
+struct sched_peers {
+  int nsend, nrecv;
+  int send[WORK_MAX_PEERS], recv[WORK_MAX_PEERS];
 };
 
 struct schedule {
@@ -79,8 +97,11 @@ ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out);
 /* The elements of `total` that channel `c` of `nchannels` handles. */
 void schedule_channel_range(size_t total, int c, int nchannels, size_t align, size_t *off, size_t *len);
 
-/* Appends a step; empty steps are dropped. */
+/* Appends a step with peer 0 on both sides; empty steps are dropped. */
 ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, size_t dst, size_t n);
+/* The same with the step's send and receive peer indices. */
+ncclResult_t schedule_push_peer(struct schedule *s, int kind, int flags, int si, int ri, size_t src, size_t dst,
+                                size_t n);
 void schedule_free(struct schedule *s);
 
 #endif

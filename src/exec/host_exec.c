@@ -12,27 +12,27 @@
 #include <string.h>
 
 static void fill_hdr(const struct work *w, struct slot_hdr *h, size_t bytes) {
-  slot_mine(w->task, w->seq, w->send->comm->rank, h);
+  slot_mine(w->task, w->seq, w->comm->rank, h);
   h->bytes = (uint32_t)bytes;
 }
 
 /* The receiver compares what the sender wrote with its own call: the
  * first slot of a mismatched call names the disagreement instead of
  * corrupting data or hanging. */
-static ncclResult_t check_hdr(const struct work *w, const struct slot_hdr *h, size_t bytes) {
+static ncclResult_t check_hdr(const struct work *w, const struct conn *rc, const struct slot_hdr *h, size_t bytes) {
   struct slot_hdr want;
   slot_expect(w->task, w->seq, &want);
   want.bytes = (uint32_t)bytes;
   int check_seq = w->task->coll != COLL_RECV;
   if (slot_matches(&want, h, check_seq))
     return ncclSuccess;
-  return slot_mismatch(&want, h, w->recv->comm->rank, w->recv->peer, check_seq);
+  return slot_mismatch(&want, h, w->comm->rank, rc->peer, check_seq);
 }
 
 /* One slot's worth of the current step, if its FIFOs allow it now. */
 static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   int recv = step_recvs(st->kind), send = step_sends(st->kind);
-  struct conn *rc = w->recv, *sc = w->send;
+  struct conn *rc = recv ? w->recvs[st->ri] : NULL, *sc = send ? w->sends[st->si] : NULL;
   if (recv && atomic_load_explicit(rc->fifo.tail, memory_order_acquire) <= rc->step)
     return ncclSuccess;
   if (send && sc->step - atomic_load_explicit(sc->fifo.head, memory_order_acquire) >= NCCL_STEPS)
@@ -41,13 +41,21 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   size_t bytes = n * w->esize;
   const char *in = NULL;
   if (recv) {
-    CHECK(check_hdr(w, fifo_hdr(&rc->fifo, rc->step), bytes));
+    CHECK(check_hdr(w, rc, fifo_hdr(&rc->fifo, rc->step), bytes));
     in = fifo_data(&rc->fifo, rc->step);
   }
   char *out = send ? fifo_data(&sc->fifo, sc->step) : NULL;
-  const char *src = w->src ? w->src + (st->src_off + w->step_off) * w->esize : NULL;
+  const char *src_base = (st->flags & STEP_SRC_DST) ? w->dst : w->src;
+  const char *src = src_base ? src_base + (st->src_off + w->step_off) * w->esize : NULL;
   char *dst = w->dst ? w->dst + (st->dst_off + w->step_off) * w->esize : NULL;
+  /* A partial result as local input had PreMulSum applied already. */
+  struct red_op partial;
   const struct red_op *op = &w->task->red;
+  if ((st->flags & STEP_NO_PREMUL) && op->premul) {
+    partial = *op;
+    partial.premul = 0;
+    op = &partial;
+  }
   int final = st->flags & STEP_FINAL;
   /* Where the local input enters a reduction alone, PreMulSum and Avg
    * still have to be applied to it. */
@@ -118,18 +126,24 @@ ncclResult_t exec_progress(struct work *w, int *moved, int *done) {
   return ncclSuccess;
 }
 
-int exec_flushed(const struct work *w) { return w->send == NULL || w->send->tr->flushed(w->send); }
+int exec_flushed(const struct work *w) {
+  for (int i = 0; i < w->nsends; i++)
+    if (w->sends[i] && !w->sends[i]->tr->flushed(w->sends[i]))
+      return 0;
+  return 1;
+}
 
 void exec_describe_wait(const struct work *w, char *buf, size_t len) {
   if (w->step >= w->sched.nsteps) {
-    snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", w->send ? w->send->peer : -1,
+    snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", w->nsends ? w->sends[0]->peer : -1,
              w->sched.nsteps);
     return;
   }
   const struct step *st = &w->sched.steps[w->step];
   int recv = step_recvs(st->kind);
-  int blocked_on_recv = recv && atomic_load(w->recv->fifo.tail) <= w->recv->step;
-  const struct conn *c = blocked_on_recv ? w->recv : w->send;
+  const struct conn *rc = recv ? w->recvs[st->ri] : NULL, *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
+  int blocked_on_recv = recv && atomic_load(rc->fifo.tail) <= rc->step;
+  const struct conn *c = blocked_on_recv ? rc : sc;
   snprintf(buf, len, "%s rank %d (%s) at step %d of %d (%s), FIFO slot %llu",
            blocked_on_recv ? "data from" : "a free slot at", c ? c->peer : -1,
            c ? c->comm->peers[c->peer].hostname : "?", w->step + 1, w->sched.nsteps, step_name(st->kind),

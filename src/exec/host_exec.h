@@ -17,9 +17,12 @@ struct conn;
 
 struct work {
   struct task *task;
+  struct ncclComm *comm;
   int channel;
   struct schedule sched;
-  struct conn *send, *recv;
+  /* The connections the steps name by index (step.si, step.ri). */
+  int nsends, nrecvs;
+  struct conn *sends[WORK_MAX_PEERS], *recvs[WORK_MAX_PEERS];
   const char *src;
   char *dst;
   size_t esize;

@@ -249,19 +249,14 @@ static struct dev_conn dev_conn_of(struct conn *c) {
 /* The slots a work will use on each of its connections: the host keeps
  * the counters, since the next launch is built before this one runs. */
 static void advance_steps(const struct work *w) {
-  uint64_t rs = 0, ss = 0;
   for (int i = 0; i < w->sched.nsteps; i++) {
     const struct step *st = &w->sched.steps[i];
     uint64_t pieces = LOOM_DIV_UP(st->nelem, w->piece);
     if (step_recvs(st->kind))
-      rs += pieces;
+      w->recvs[st->ri]->step += pieces;
     if (step_sends(st->kind))
-      ss += pieces;
+      w->sends[st->si]->step += pieces;
   }
-  if (w->recv)
-    w->recv->step += rs;
-  if (w->send)
-    w->send->step += ss;
 }
 
 ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
@@ -322,11 +317,17 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
       slot_mine(t, w->seq, comm->rank, &x->mine);
       slot_expect(t, w->seq, &x->expect);
       x->check_seq = t->coll != COLL_RECV;
-      x->send = dev_conn_of(w->send);
-      x->recv = dev_conn_of(w->recv);
+      x->nsends = w->nsends;
+      x->nrecvs = w->nrecvs;
+      for (int i = 0; i < w->nsends; i++) {
+        x->sends[i] = dev_conn_of(w->sends[i]);
+        watch(cc, w->sends[i]);
+      }
+      for (int i = 0; i < w->nrecvs; i++) {
+        x->recvs[i] = dev_conn_of(w->recvs[i]);
+        watch(cc, w->recvs[i]);
+      }
       advance_steps(w);
-      watch(cc, w->send);
-      watch(cc, w->recv);
       dl[li].count++;
     }
     li++;

@@ -42,8 +42,9 @@ struct dev_work {
   struct slot_hdr mine;    /* what this rank writes into the slots it sends */
   struct slot_hdr expect;  /* what it must find in the slots it receives */
   int32_t check_seq;       /* collectives compare sequence numbers, p2p not */
+  int32_t nsends, nrecvs;
   int32_t pad;
-  struct dev_conn send, recv;
+  struct dev_conn sends[WORK_MAX_PEERS], recvs[WORK_MAX_PEERS]; /* steps name them by si / ri */
 };
 
 struct dev_lane {

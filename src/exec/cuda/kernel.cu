@@ -298,6 +298,10 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
   __shared__ struct dev_work w;
   __shared__ struct step st;
   __shared__ int stop;
+  /* Slot counters of the work's connections, kept by thread 0, and the
+   * current piece's slots, which it hands to every thread. */
+  __shared__ uint64_t rstep[WORK_MAX_PEERS], sstep[WORK_MAX_PEERS];
+  __shared__ char *rslot, *sslot;
   const uint32_t tid = threadIdx.x, nthr = blockDim.x;
   const struct dev_lane lane = plan->lanes[blockIdx.x];
   struct dev_status *status = plan->status;
@@ -323,8 +327,13 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
         }
       }
     }
+    if (tid == 0) {
+      for (int k = 0; k < w.nrecvs; k++)
+        rstep[k] = w.recvs[k].step;
+      for (int k = 0; k < w.nsends; k++)
+        sstep[k] = w.sends[k].step;
+    }
     __syncthreads();
-    uint64_t rstep = w.recv.step, sstep = w.send.step;
     for (uint32_t si = 0; si < w.nsteps; si++) {
       /* Every thread is done with the previous step's fields before thread
        * 0 replaces them. */
@@ -334,24 +343,26 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
       __syncthreads();
       const int recv = step_recvs(st.kind), send = step_sends(st.kind);
       const int final = st.flags & STEP_FINAL;
-      const int transform = w.red.premul || (final && w.red.postdiv);
+      const int transform = (w.red.premul && !(st.flags & STEP_NO_PREMUL)) || (final && w.red.postdiv);
       for (uint64_t off = 0; off < st.nelem; off += w.piece) {
         const uint64_t n = st.nelem - off < w.piece ? st.nelem - off : w.piece;
         const uint64_t bytes = n * w.esize;
-        char *rslot = recv ? w.recv.base + (rstep % NCCL_STEPS) * w.recv.stride : NULL;
-        char *sslot = send ? w.send.base + (sstep % NCCL_STEPS) * w.send.stride : NULL;
+        const struct dev_conn *rc = recv ? &w.recvs[st.ri] : NULL, *sc = send ? &w.sends[st.si] : NULL;
         if (tid == 0) {
-          if (recv && !wait_counter(w.recv.tail, rstep + 1, status))
+          uint64_t rs = recv ? rstep[st.ri] : 0, ss = send ? sstep[st.si] : 0;
+          rslot = recv ? rc->base + (rs % NCCL_STEPS) * rc->stride : NULL;
+          sslot = send ? sc->base + (ss % NCCL_STEPS) * sc->stride : NULL;
+          if (recv && !wait_counter(rc->tail, rs + 1, status))
             stop = 1;
           if (!stop && recv) {
             struct slot_hdr got = read_hdr(rslot), want = w.expect;
             want.bytes = (uint32_t)bytes;
             if (!hdr_matches(want, got, w.check_seq)) {
-              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, si, w.recv.peer, &got, &want);
+              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, si, rc->peer, &got, &want);
               stop = 1;
             }
           }
-          if (!stop && send && !wait_counter(w.send.head, sstep + 1 > NCCL_STEPS ? sstep + 1 - NCCL_STEPS : 0, status))
+          if (!stop && send && !wait_counter(sc->head, ss + 1 > NCCL_STEPS ? ss + 1 - NCCL_STEPS : 0, status))
             stop = 1;
         }
         __syncthreads();
@@ -359,24 +370,29 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
           return;
         const char *in = rslot ? rslot + SLOT_HDR_BYTES : NULL;
         char *out = sslot ? sslot + SLOT_HDR_BYTES : NULL;
-        const char *src = w.src ? w.src + (st.src_off + off) * w.esize : NULL;
+        const char *src_base = (st.flags & STEP_SRC_DST) ? w.dst : w.src;
+        const char *src = src_base ? src_base + (st.src_off + off) * w.esize : NULL;
         char *dst = w.dst ? w.dst + (st.dst_off + off) * w.esize : NULL;
+        /* A partial result as local input had PreMulSum applied already. */
+        struct red_op op = w.red;
+        if (st.flags & STEP_NO_PREMUL)
+          op.premul = 0;
         switch (st.kind) {
         case STEP_SEND:
           if (transform)
-            reduce_any(w.red, out, NULL, NULL, src, n, final, tid, nthr);
+            reduce_any(op, out, NULL, NULL, src, n, final, tid, nthr);
           else
             copy_bytes(out, NULL, src, bytes, tid, nthr);
           break;
         case STEP_RECV: copy_bytes(dst, NULL, in, bytes, tid, nthr); break;
         case STEP_COPY_SEND: copy_bytes(out, dst != src ? dst : NULL, src, bytes, tid, nthr); break;
         case STEP_RECV_COPY_SEND: copy_bytes(out, dst, in, bytes, tid, nthr); break;
-        case STEP_RECV_REDUCE_SEND: reduce_any(w.red, out, NULL, in, src, n, 0, tid, nthr); break;
-        case STEP_RECV_REDUCE_COPY: reduce_any(w.red, dst, NULL, in, src, n, final, tid, nthr); break;
-        case STEP_RECV_REDUCE_COPY_SEND: reduce_any(w.red, dst, out, in, src, n, final, tid, nthr); break;
+        case STEP_RECV_REDUCE_SEND: reduce_any(op, out, NULL, in, src, n, 0, tid, nthr); break;
+        case STEP_RECV_REDUCE_COPY: reduce_any(op, dst, NULL, in, src, n, final, tid, nthr); break;
+        case STEP_RECV_REDUCE_COPY_SEND: reduce_any(op, dst, out, in, src, n, final, tid, nthr); break;
         case STEP_COPY:
           if (transform)
-            reduce_any(w.red, dst, NULL, NULL, src, n, final, tid, nthr);
+            reduce_any(op, dst, NULL, NULL, src, n, final, tid, nthr);
           else if (dst != src)
             copy_bytes(dst, NULL, src, bytes, tid, nthr);
           break;
@@ -392,14 +408,12 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
             h.bytes = (uint32_t)bytes;
             *(struct slot_hdr *)sslot = h;
             __threadfence_system();
-            store_release(w.send.tail, sstep + 1);
+            store_release(sc->tail, ++sstep[st.si]);
           }
           if (recv)
-            store_release(w.recv.head, rstep + 1);
+            store_release(rc->head, ++rstep[st.ri]);
           status->progress = status->progress + 1;
         }
-        rstep += recv;
-        sstep += send;
       }
     }
     __syncthreads();
