@@ -33,9 +33,10 @@ const char *loomTransports(void);
  * NULL). Returns ncclInvalidArgument for a NULL comm or result pointer. */
 ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost);
 
-/* The transport used to reach `peer` on channel 0 once a collective or a
- * send/recv has connected it: "shm", "net/socket", "self", or "none" before
- * the first use. For tests and diagnostics. */
+/* The transport used to reach `peer` once a collective or a send/recv has
+ * connected it (point to point, rings, trees, recursive doubling): "p2p",
+ * "shm", "net/socket", "self", or "none" before the first use. For tests
+ * and diagnostics. */
 ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const char **name);
 
 #ifdef __cplusplus

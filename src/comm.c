@@ -48,6 +48,10 @@ static void for_each_conn(struct ncclComm *comm, void (*fn)(struct conn *)) {
     if (comm->p2p_recv[p])
       fn(comm->p2p_recv[p]);
   }
+  for (struct conn *c = comm->extra_conns, *next; c; c = next) {
+    next = c->next_extra; /* fn may free it */
+    fn(c);
+  }
 }
 
 static void poison_conn(struct conn *c) {
@@ -434,6 +438,9 @@ LOOM_EXPORT ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const 
     if (!n && comm->channels[c].ring_prev == peer)
       n = conn_name(comm->ring_recv[c]);
   }
+  for (const struct conn *c = comm->extra_conns; !n && c; c = c->next_extra)
+    if (c->peer == peer)
+      n = conn_name(c);
   if (n)
     *name = n;
   return ncclSuccess;

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "core.h"
+#include "algorithms/tuner.h"
 #include "exec/reduce.h"
 
 struct bootstrap;
@@ -31,7 +32,7 @@ struct peer_info {
   int32_t p2p_disabled;
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
   int32_t numa;   /* the NUMA node the rank runs on */
-  int32_t pad2;
+  uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
 };
 
 struct channel {
@@ -70,10 +71,17 @@ struct ncclComm {
   struct channel channels[LOOM_MAX_CHANNELS];
   int *topo_rings; /* every channel's ring, nchannels x nranks */
   char local_cpus[128]; /* the CPUs near this rank's GPU, for its threads */
+  struct tuner tuner;
+  int nhosts;
+  /* The slowest chain link and the smallest NIC total of any rank's host
+   * (GB/s, 0: none), for the tuner. */
+  double topo_chain_gbs, topo_nic_gbs;
+  int coll_conns; /* the connections of every collective algorithm exist */
   /* Connections, created on first use: [channel][peer] for rings would be
    * wasteful, so rings keep theirs per channel and p2p per peer. */
   struct conn *ring_send[LOOM_MAX_CHANNELS], *ring_recv[LOOM_MAX_CHANNELS];
   struct conn **p2p_send, **p2p_recv;
+  struct conn *extra_conns; /* other kinds, looked up by kind, channel, peer, direction */
   struct conn *pending; /* created, not yet connected */
   int *peer_pidfd;      /* same-host peers' pidfds, -1 elsewhere */
 

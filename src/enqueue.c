@@ -12,6 +12,7 @@
 #include "exec/cuda/cuda_exec.h"
 #include "exec/dtype.h"
 #include "exec/host_exec.h"
+#include "exec/slot.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
@@ -87,11 +88,25 @@ static size_t slot_elems(const struct ncclComm *comm, size_t esize) {
   return capacity / esize;
 }
 
-static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
+/* A work's connections of one kind to the schedule's peers, by index. */
+static ncclResult_t peer_conns(struct ncclComm *comm, struct work *w, int kind, int channel,
+                               const struct sched_peers *pe) {
+  w->nsends = pe->nsend;
+  w->nrecvs = pe->nrecv;
+  for (int i = 0; i < pe->nsend; i++)
+    if (pe->send[i] >= 0)
+      CHECK(transport_get_conn(comm, kind, channel, pe->send[i], CONN_SEND, &w->sends[i]));
+  for (int i = 0; i < pe->nrecv; i++)
+    if (pe->recv[i] >= 0)
+      CHECK(transport_get_conn(comm, kind, channel, pe->recv[i], CONN_RECV, &w->recvs[i]));
+  return ncclSuccess;
+}
+
+static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
   struct ncclComm *comm = p->comm;
   size_t esize = dtype_size(t->dtype);
   size_t align = LOOM_MAX((size_t)1, 64 / esize);
-  for (int c = 0; c < comm->nchannels; c++) {
+  for (int c = 0; c < nch; c++) {
     struct channel *ch = &comm->channels[c];
     struct ring_args a = {
         .coll = t->coll,
@@ -103,7 +118,7 @@ static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_
         .chunk = slot_elems(comm, esize) * (NCCL_STEPS / 2),
         .align = align,
     };
-    schedule_channel_range(t->count, c, comm->nchannels, align, &a.off, &a.len);
+    schedule_channel_range(t->count, c, nch, align, &a.off, &a.len);
     struct work *w;
     CHECK(new_work(comm, t, seq, &w));
     ncclResult_t r = ring_schedule(&a, &w->sched);
@@ -123,6 +138,104 @@ static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_
     lane_push(&p->lanes[c], w);
   }
   return ncclSuccess;
+}
+
+/* Collectives of every algorithm queue on the channel lanes, so that they
+ * run in call order whatever connections they use. */
+static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
+  struct ncclComm *comm = p->comm;
+  size_t esize = dtype_size(t->dtype), align = LOOM_MAX((size_t)1, 64 / esize);
+  for (int c = 0; c < nch; c++) {
+    const struct channel *ch = &comm->channels[c];
+    int children[3], nchild = 0;
+    for (int k = 0; k < 3; k++)
+      if (ch->tree_down[k] >= 0)
+        children[nchild++] = ch->tree_down[k];
+    size_t off, len;
+    schedule_channel_range(t->count, c, nch, align, &off, &len);
+    if (len == 0)
+      continue;
+    struct work *w;
+    CHECK(new_work(comm, t, seq, &w));
+    struct sched_peers pe;
+    ncclResult_t r = tree_schedule(ch->tree_up, children, nchild, off, len, slot_elems(comm, esize) * 2, &w->sched, &pe);
+    if (r == ncclSuccess)
+      r = peer_conns(comm, w, CONN_TREE, c, &pe);
+    if (r != ncclSuccess) {
+      work_free(w);
+      return r;
+    }
+    w->channel = c;
+    w->piece = slot_elems(comm, esize);
+    lane_push(&p->lanes[c], w);
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq) {
+  struct ncclComm *comm = p->comm;
+  struct work *w;
+  CHECK(new_work(comm, t, seq, &w));
+  struct sched_peers pe;
+  ncclResult_t r = rd_schedule(comm->rank, comm->nranks, t->count, &w->sched, &pe);
+  if (r == ncclSuccess)
+    r = peer_conns(comm, w, CONN_RD, 0, &pe);
+  if (r != ncclSuccess) {
+    work_free(w);
+    return r;
+  }
+  w->piece = slot_elems(comm, w->esize);
+  lane_push(&p->lanes[0], w);
+  return ncclSuccess;
+}
+
+/* The first collective sets up the connections of every collective
+ * algorithm at once: ranks whose calls differ (a mistake, or the tuner
+ * choosing differently for different calls) then still meet on
+ * connections, where the slot headers name the disagreement, instead of
+ * each waiting for the other's connection setup. */
+static ncclResult_t connect_collectives(struct ncclComm *comm) {
+  struct conn *c;
+  for (int ch = 0; ch < comm->nchannels; ch++) {
+    const struct channel *x = &comm->channels[ch];
+    CHECK(transport_get_conn(comm, CONN_RING, ch, x->ring_next, CONN_SEND, &c));
+    CHECK(transport_get_conn(comm, CONN_RING, ch, x->ring_prev, CONN_RECV, &c));
+    int peers[4] = {x->tree_up, x->tree_down[0], x->tree_down[1], x->tree_down[2]};
+    for (int k = 0; k < 4; k++) {
+      if (peers[k] < 0)
+        continue;
+      CHECK(transport_get_conn(comm, CONN_TREE, ch, peers[k], CONN_SEND, &c));
+      CHECK(transport_get_conn(comm, CONN_TREE, ch, peers[k], CONN_RECV, &c));
+    }
+  }
+  struct schedule s;
+  struct sched_peers pe;
+  CHECK(rd_schedule(comm->rank, comm->nranks, 1, &s, &pe));
+  schedule_free(&s);
+  for (int i = 0; i < pe.nsend; i++) {
+    CHECK(transport_get_conn(comm, CONN_RD, 0, pe.send[i], CONN_SEND, &c));
+    CHECK(transport_get_conn(comm, CONN_RD, 0, pe.recv[i], CONN_RECV, &c));
+  }
+  comm->coll_conns = 1;
+  return ncclSuccess;
+}
+
+static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
+  struct ncclComm *comm = p->comm;
+  if (comm->nranks == 1)
+    return plan_ring(p, t, seq, 1);
+  if (!comm->coll_conns)
+    CHECK(connect_collectives(comm));
+  size_t bytes = t->count * dtype_size(t->dtype);
+  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
+    bytes *= (size_t)comm->nranks;
+  int algo, nch;
+  CHECK(tuner_pick(&comm->tuner, t->coll, bytes, &algo, &nch, NULL));
+  switch (algo) {
+  case ALGO_TREE: return plan_tree(p, t, seq, nch);
+  case ALGO_RD: return plan_rd(p, t, seq);
+  default: return plan_ring(p, t, seq, nch);
+  }
 }
 
 static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
@@ -237,17 +350,52 @@ static ncclResult_t each_conn(struct work *w, ncclResult_t (*fn)(struct conn *))
   return ncclSuccess;
 }
 
-/* Periodic checks while nothing moves: abort, dead peers, the timeout. */
+/* Data waiting on a collective connection nobody reads now, stamped with
+ * the number of a collective this rank is stuck in but another call: the
+ * peer called something else (and so uses other connections), which no
+ * slot this rank reads would ever show. */
+static ncclResult_t check_crossed(struct comm_plan *p, struct conn *c) {
+  if (!c || c->dir != CONN_RECV || !c->connected || c->kind == CONN_P2P || !c->fifo.tail)
+    return ncclSuccess;
+  if (atomic_load_explicit(c->fifo.tail, memory_order_acquire) <= c->step)
+    return ncclSuccess;
+  const struct slot_hdr *got = fifo_hdr(&c->fifo, c->step);
+  for (int l = 0; l < p->nlanes; l++) {
+    const struct work *w = p->lanes[l].head;
+    if (!w || w->task->coll == COLL_SEND || w->task->coll == COLL_RECV || w->seq != got->seq)
+      continue;
+    struct slot_hdr want;
+    slot_expect(w->task, w->seq, &want);
+    want.bytes = got->bytes;
+    if (!slot_matches(&want, got, 1)) {
+      ncclResult_t r = slot_mismatch(&want, got, p->comm->rank, c->peer, 1);
+      fail_context(w, "");
+      return r;
+    }
+  }
+  return ncclSuccess;
+}
+
+/* Periodic checks while nothing moves: abort, dead peers, mismatched
+ * calls, the timeout. */
 static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_ns) {
   for (int i = 0; i < n; i++) {
     struct comm_plan *p = &plans[i];
+    for (int c = 0; c < p->comm->nchannels; c++)
+      CHECK(check_crossed(p, p->comm->ring_recv[c]));
+    for (struct conn *c = p->comm->extra_conns; c; c = c->next_extra)
+      CHECK(check_crossed(p, c));
     if (p->comm->abort_flag)
       return err_set(ncclInvalidUsage, "rank %d: the communicator was aborted during the operation", p->comm->rank);
     for (int l = 0; l < p->nlanes; l++) {
       struct work *w = p->lanes[l].head;
       if (!w)
         continue;
-      ncclResult_t r = each_conn(w, check_conn);
+      struct conn *blocked[WORK_MAX_PEERS];
+      int nb = exec_waiting_on(w, blocked);
+      ncclResult_t r = ncclSuccess;
+      for (int k = 0; k < nb && r == ncclSuccess; k++)
+        r = check_conn(blocked[k]);
       if (r != ncclSuccess) {
         fail_context(w, "");
         return r;

@@ -98,6 +98,11 @@ static ncclResult_t check_peers(struct ncclComm *comm) {
                      "device, or none (LOOM_DEVICE=host makes host communicators everywhere)",
                      comm->rank, me->hostname, me->cuda_dev < 0 ? "host" : "CUDA", r, p->hostname,
                      p->cuda_dev < 0 ? "host" : "CUDA");
+    if (p->tuning_hash != me->tuning_hash)
+      return err_set(ncclInvalidUsage,
+                     "NCCL_ALGO or NCCL_PROTO differ between rank %d (%s) and rank %d (%s): every rank must choose "
+                     "algorithms alike, so set them the same everywhere",
+                     comm->rank, me->hostname, r, p->hostname);
     if (p->buffsize != me->buffsize)
       return err_set(ncclInvalidUsage,
                      "NCCL_BUFFSIZE differs between ranks: rank %d (%s) uses %lld, rank %d (%s) uses %lld; set it "
@@ -120,6 +125,29 @@ static void open_pidfds(struct ncclComm *comm) {
     comm->peer_pidfd[r] = (int)syscall(SYS_pidfd_open, p->pid, 0);
 #endif
   }
+}
+
+/* The tuning model's view of the communicator (tuner_shape). */
+static ncclResult_t tune_setup(struct ncclComm *comm) {
+  int nhosts = 0, maxper = 0, shm_off = 0;
+  for (int r = 0; r < comm->nranks; r++) {
+    int first = 1, per = 0;
+    for (int q = 0; q < comm->nranks; q++) {
+      if (comm->peers[q].host_hash != comm->peers[r].host_hash)
+        continue;
+      per++;
+      if (q < r)
+        first = 0;
+    }
+    nhosts += first;
+    maxper = LOOM_MAX(maxper, per);
+    shm_off |= comm->peers[r].shm_disabled;
+  }
+  comm->nhosts = nhosts;
+  struct tune_input in;
+  tuner_shape(&in, comm->nranks, nhosts, maxper, comm->nchannels, !comm->is_host, shm_off, comm->buffsize,
+              comm->topo_chain_gbs, comm->topo_nic_gbs);
+  return tuner_init(&comm->tuner, &in);
 }
 
 /* The whole of a rank's init once its communicator struct exists. */
@@ -170,6 +198,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
   me->nchannels_wanted = want;
   me->numa = topo_current_numa();
+  me->tuning_hash = (uint32_t)util_hash_str(param_str(P_ALGO), util_hash_str(param_str(P_PROTO), 0));
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
   /* Channels must agree everywhere: take the fewest any rank asked for. */
@@ -181,6 +210,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));
   open_pidfds(comm);
   CHECK(topo_setup_channels(comm));
+  CHECK(tune_setup(comm));
   if (!comm->is_host)
     CHECK(cuda_comm_init(comm));
   if (comm->is_host)

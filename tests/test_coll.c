@@ -297,7 +297,10 @@ int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
 #endif
   }
   int calls = 0;
-  for (int coll = 0; coll < C_COUNT; coll++)
+  /* LOOM_TEST_ALLREDUCE_ONLY: the tests that force an AllReduce algorithm
+   * run just that part of the matrix. */
+  int ncolls = getenv("LOOM_TEST_ALLREDUCE_ONLY") ? 1 : C_COUNT;
+  for (int coll = 0; coll < ncolls; coll++)
     for (int t = 0; t < ncclNumTypes; t++)
       for (int opi = 0; opi < nops_for(coll); opi++)
         for (int k = 0; k < 5; k++) {
@@ -332,10 +335,22 @@ static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
     return 1;
   const char *tr = NULL;
   if (n > 1) {
-    RCHECK(comm, loomCommPeerTransport(comm, (rank + 1) % n, &tr));
+    /* Whichever peers the algorithms connected, all over the expected
+     * transport. */
     const char *expect = cfg->socket ? "net/socket" : "shm";
-    RASSERT(strcmp(tr, expect) == 0, "rank %d reached rank %d over %s, expected %s", rank, (rank + 1) % n, tr,
-            expect);
+    int connected = 0;
+    for (int q = 0; q < n; q++) {
+      const char *t = NULL;
+      if (q == rank)
+        continue;
+      RCHECK(comm, loomCommPeerTransport(comm, q, &t));
+      if (strcmp(t, "none") == 0)
+        continue;
+      connected++;
+      tr = t;
+      RASSERT(strcmp(t, expect) == 0, "rank %d reached rank %d over %s, expected %s", rank, q, t, expect);
+    }
+    RASSERT(connected > 0, "rank %d connected to no peer", rank);
   }
   if (rank == 0)
     printf("%d ranks over %s: %d calls checked\n", n, tr ? tr : "self", calls);
@@ -361,3 +376,21 @@ TEST_IMPL(coll_socket_2) { return coll_test(2, 1); }
 TEST_IMPL(coll_socket_3) { return coll_test(3, 1); }
 TEST_IMPL(coll_socket_4) { return coll_test(4, 1); }
 TEST_IMPL(coll_socket_8) { return coll_test(8, 1); }
+
+/* AllReduce with each algorithm forced (recursive doubling only where the
+ * buffer fits a FIFO, rings above). */
+static int algo_test(int n, int socket, const char *algo) {
+  setenv("NCCL_ALGO", algo, 1);
+  setenv("LOOM_TEST_ALLREDUCE_ONLY", "1", 1);
+  return coll_test(n, socket);
+}
+
+TEST_IMPL(coll_tree_shm_3) { return algo_test(3, 0, "allreduce:tree"); }
+TEST_IMPL(coll_tree_shm_4) { return algo_test(4, 0, "allreduce:tree"); }
+TEST_IMPL(coll_tree_shm_8) { return algo_test(8, 0, "allreduce:tree"); }
+TEST_IMPL(coll_tree_socket_4) { return algo_test(4, 1, "allreduce:tree"); }
+TEST_IMPL(coll_rd_shm_2) { return algo_test(2, 0, "allreduce:recursivedoubling,ring"); }
+TEST_IMPL(coll_rd_shm_5) { return algo_test(5, 0, "allreduce:recursivedoubling,ring"); }
+TEST_IMPL(coll_rd_shm_8) { return algo_test(8, 0, "allreduce:recursivedoubling,ring"); }
+TEST_IMPL(coll_rd_socket_3) { return algo_test(3, 1, "allreduce:recursivedoubling,ring"); }
+TEST_IMPL(coll_ring_only_shm_4) { return algo_test(4, 0, "ring"); }

@@ -108,3 +108,21 @@ TEST_IMPL(tools_loom_info) {
   ASSERT(run(bad, out, sizeof out) != 0);
   return 0;
 }
+
+/* The README's parameter table is what the library reads: every row that
+ * loom-info --params prints appears in it word for word. */
+TEST_IMPL(tools_params_documented) {
+  char *argv[] = {LOOM_TOOLS_DIR "/loom-info", "--params", NULL};
+  ASSERT(run(argv, out, sizeof out) == 0);
+  FILE *f = fopen(LOOM_README, "r");
+  ASSERT_MSG(f, "cannot open %s", LOOM_README);
+  static char readme[1 << 18];
+  size_t n = fread(readme, 1, sizeof readme - 1, f);
+  fclose(f);
+  readme[n] = 0;
+  int rows = 0;
+  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++)
+    ASSERT_MSG(strstr(readme, line), "README.md lacks the row %s (paste loom-info --params into it)", line);
+  ASSERT(rows >= 20);
+  return 0;
+}

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "core.h"
+#include "algorithms/tuner.h"
+#include "enqueue.h"
 #include "topology/discover.h"
 #include "topology/graph.h"
 #include "topology/search.h"
@@ -384,5 +386,46 @@ TEST_IMPL(unit_topo_bad_files) {
                err_thread_last());
     topo_system_free(t);
   }
+  return 0;
+}
+
+/* The tuner's bandwidths come from the links the chains use: NVLink on a
+ * DGX, PCIe on a PCIe box, and the NICs' line rate between hosts; a
+ * faster chain moves the ring/tree crossover. */
+TEST_IMPL(unit_topo_plan_bw) {
+  struct topo_system *t = load("dgx_h100.xml");
+  int devs[8];
+  for (int i = 0; i < 8; i++)
+    devs[i] = gpu(t, i);
+  struct built b;
+  build(t, devs, 8, 2, 8, &b);
+  double chain, nicbw;
+  topo_plan_bw(t, &b.plans[0], devs, 1, &chain, &nicbw);
+  ASSERT_MSG(chain >= 100, "H100 chains over NVLink at %.1f GB/s", chain);
+  ASSERT_MSG(nicbw > 399 && nicbw < 401, "eight 400 Gb/s NICs seen as %.1f GB/s", nicbw);
+  unbuild(&b);
+  build(t, devs, 8, 2, 2, &b);
+  double two;
+  topo_plan_bw(t, &b.plans[0], devs, 1, &chain, &two);
+  ASSERT_MSG(two > 99 && two < 101, "two channels on two NICs: %.1f GB/s", two);
+  unbuild(&b);
+  topo_system_free(t);
+
+  t = load("pcie_4gpu.xml");
+  for (int i = 0; i < 4; i++)
+    devs[i] = gpu(t, i);
+  build(t, devs, 4, 1, 1, &b);
+  double pcie;
+  topo_plan_bw(t, &b.plans[0], devs, 0, &pcie, &nicbw);
+  ASSERT_MSG(pcie > 0 && pcie < 40 && pcie < chain, "PCIe chain at %.1f GB/s", pcie);
+  unbuild(&b);
+  topo_system_free(t);
+
+  struct tune_input fast, slow;
+  tuner_shape(&fast, 16, 2, 8, 8, 1, 0, 4u << 20, chain, 50);
+  tuner_shape(&slow, 16, 2, 8, 8, 1, 0, 4u << 20, pcie, 50);
+  ASSERT(fast.bw_local > slow.bw_local && fast.bw_net == slow.bw_net);
+  ASSERT(tuner_estimate(&fast, COLL_ALLGATHER, ALGO_RING, 1u << 30) <
+         tuner_estimate(&slow, COLL_ALLGATHER, ALGO_RING, 1u << 30));
   return 0;
 }

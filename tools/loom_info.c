@@ -6,6 +6,8 @@
  *                                   the rings and trees of N ranks on H hosts
  *                                   like this one (or like FILE)
  *   loom-info --dump FILE           writes the topology as XML
+ *   loom-info --params              the parameter table as Markdown rows,
+ *                                   which the README carries verbatim
  *
  * It links the library's internals, so what it prints is what a
  * communicator would compute, not a re-implementation.
@@ -15,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algorithms/tuner.h"
 #include "core.h"
+#include "enqueue.h"
 #include "loom.h"
 #include "misc/cudamem.h"
 #include "topology/discover.h"
@@ -24,7 +28,7 @@
 #include "topology/topo_xml.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: loom-info [--ranks N [--hosts H] [--channels C]] [--topo FILE] [--dump FILE]\n");
+  fprintf(f, "usage: loom-info [--ranks N [--hosts H] [--channels C]] [--topo FILE] [--dump FILE] | --params\n");
 }
 
 static void print_params(void) {
@@ -34,6 +38,13 @@ static void print_params(void) {
     const char *v = getenv(p->name);
     printf("  %-22s = %-14s (default %s)\n      %s\n", p->name, v && v[0] ? v : "(unset)", p->def[0] ? p->def : "none",
            p->help);
+  }
+}
+
+static void print_params_markdown(void) {
+  for (int i = 0; i < P_COUNT; i++) {
+    const struct param_desc *p = param_desc(i);
+    printf("| `%s` | `%s` | %s |\n", p->name, p->def[0] ? p->def : "(unset)", p->help);
   }
 }
 
@@ -131,8 +142,29 @@ static int print_channels(const struct topo_system *t, int nranks, int nhosts, i
       printf(" ...");
     printf("  (rank<-parent)\n");
   }
-  printf("Algorithm per size: ring for every size (the tuning model that also chooses trees and a\n"
-         "small-message algorithm is not implemented yet).\n");
+  /* Every host is like this one, so its plan's bandwidths are the
+   * minimum a communicator would take. */
+  double chain_gbs, nic_gbs;
+  topo_plan_bw(t, &plans[0], dev, nhosts > 1, &chain_gbs, &nic_gbs);
+  printf("\nTuner inputs: narrowest chain link %.1f GB/s, NICs together %.1f GB/s (0: none)\n", chain_gbs, nic_gbs);
+  struct tune_input in;
+  tuner_shape(&in, nranks, nhosts, per, ch.nchannels, type == TOPO_GPU, param_int(P_SHM_DISABLE),
+              (size_t)param_int(P_BUFFSIZE), chain_gbs, nic_gbs);
+  struct tuner tu;
+  if (tuner_init(&tu, &in) != ncclSuccess) {
+    fprintf(stderr, "loom-info: %s\n", err_thread_last());
+    return 1;
+  }
+  printf("\nAllReduce algorithm per size (Simple protocol; the model's estimate):\n");
+  for (size_t bytes = 8; bytes <= ((size_t)1 << 30); bytes *= 8) {
+    int algo, nc;
+    double est;
+    if (tuner_pick(&tu, COLL_ALLREDUCE, bytes, &algo, &nc, &est) != ncclSuccess) {
+      printf("  %12zu B  %s\n", bytes, err_thread_last());
+      continue;
+    }
+    printf("  %12zu B  %-18s %2d channel(s)  %10.1f us\n", bytes, algo_name(algo), nc, est * 1e6);
+  }
   topo_channels_free(&ch);
   for (int h = 0; h < nhosts; h++) {
     topo_plan_free(&plans[h]);
@@ -158,7 +190,10 @@ int main(int argc, char **argv) {
       topo = argv[++i];
     else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc)
       dump = argv[++i];
-    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+    else if (strcmp(argv[i], "--params") == 0) {
+      print_params_markdown();
+      return 0;
+    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
       return 0;
     } else {

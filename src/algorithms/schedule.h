@@ -91,6 +91,19 @@ struct ring_args {
 
 ncclResult_t ring_schedule(const struct ring_args *a, struct schedule *out);
 
+/* AllReduce by recursive doubling, for small buffers: log2(p) exchanges
+ * of the whole buffer with partner rank ^ 2^k among the first p (a power
+ * of two) ranks; ranks p..n-1 first fold their input into rank - p and get
+ * the result back at the end. Each exchange sends before it receives, so
+ * the buffer must fit in a connection's FIFO (the tuner sees to it). */
+ncclResult_t rd_schedule(int rank, int nranks, size_t count, struct schedule *out, struct sched_peers *peers);
+
+/* AllReduce on a tree over [off, off + len) in chunks: every chunk is
+ * reduced up to the root (children first, then the parent), then every
+ * chunk is broadcast back down. parent -1 at the root. */
+ncclResult_t tree_schedule(int parent, const int *children, int nchildren, size_t off, size_t len, size_t chunk,
+                           struct schedule *out, struct sched_peers *peers);
+
 /* Send or receive `count` elements with a peer: one step. */
 ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out);
 

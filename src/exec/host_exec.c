@@ -133,6 +133,26 @@ int exec_flushed(const struct work *w) {
   return 1;
 }
 
+int exec_waiting_on(const struct work *w, struct conn **out) {
+  int n = 0;
+  if (w->step >= w->sched.nsteps) {
+    for (int i = 0; i < w->nsends; i++)
+      if (w->sends[i] && !w->sends[i]->tr->flushed(w->sends[i]))
+        out[n++] = w->sends[i];
+    return n;
+  }
+  const struct step *st = &w->sched.steps[w->step];
+  struct conn *rc = step_recvs(st->kind) ? w->recvs[st->ri] : NULL;
+  struct conn *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
+  if (rc && atomic_load(rc->fifo.tail) <= rc->step)
+    out[n++] = rc;
+  else if (sc)
+    out[n++] = sc;
+  else if (rc)
+    out[n++] = rc;
+  return n;
+}
+
 void exec_describe_wait(const struct work *w, char *buf, size_t len) {
   if (w->step >= w->sched.nsteps) {
     snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", w->nsends ? w->sends[0]->peer : -1,

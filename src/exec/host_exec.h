@@ -47,6 +47,11 @@ ncclResult_t exec_progress(struct work *w, int *moved, int *done);
 /* Whether everything this work posted has left the process. */
 int exec_flushed(const struct work *w);
 
+/* The connections the work is blocked on now (at most WORK_MAX_PEERS):
+ * only their peers' deaths matter, since a peer that finished its part
+ * and exited has done nothing wrong. */
+int exec_waiting_on(const struct work *w, struct conn **out);
+
 /* A sentence fragment saying what the work waits for, for timeouts. */
 void exec_describe_wait(const struct work *w, char *buf, size_t len);
 

@@ -192,6 +192,31 @@ ncclResult_t topo_plan_host(const struct topo_system *t, int n, const int *dev, 
   return ncclSuccess;
 }
 
+void topo_plan_bw(const struct topo_system *t, const struct host_plan *p, const int *dev, int multihost,
+                  double *chain_gbs, double *nic_gbs) {
+  double chain = 0, nic = 0;
+  int n = p->n;
+  for (int c = 0; c < p->nchannels; c++) {
+    /* A chain that other hosts continue does not close on itself. */
+    for (int k = 0; k + (multihost ? 1 : 0) < n; k++) {
+      int a = dev[p->chain[c * n + k]], b = dev[p->chain[c * n + (k + 1) % n]];
+      if (a < 0 || b < 0 || a == b)
+        continue;
+      double bw = topo_path(t, a, b)->bw;
+      if (bw > 0 && (chain == 0 || bw < chain))
+        chain = bw;
+    }
+    /* Channels on different NICs add up; on one NIC they share it. */
+    int first = 1;
+    for (int d = 0; d < c; d++)
+      first &= p->nic[d] != p->nic[c];
+    if (first && p->nic[c] >= 0 && t->nodes[p->nic[c]].speed_mbps > 0)
+      nic += t->nodes[p->nic[c]].speed_mbps / 8000.0;
+  }
+  *chain_gbs = chain;
+  *nic_gbs = nic;
+}
+
 void topo_plan_free(struct host_plan *p) {
   free(p->chain);
   p->chain = NULL;

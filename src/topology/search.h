@@ -38,6 +38,13 @@ ncclResult_t topo_plan_host(const struct topo_system *t, int n, const int *dev, 
                             struct host_plan *out);
 void topo_plan_free(struct host_plan *p);
 
+/* What the tuning model needs of a host's plan, in GB/s (0 where there is
+ * nothing to measure): the narrowest path between neighbours of any
+ * channel's chain, dev[] as given to topo_plan_host, and the sum of the
+ * NICs the channels use (distinct ones add up). */
+void topo_plan_bw(const struct topo_system *t, const struct host_plan *p, const int *dev, int multihost,
+                  double *chain_gbs, double *nic_gbs);
+
 /* The whole communicator: ring[c*nranks + i] is the i-th rank of channel
  * c's ring; tree_up/tree_down give each rank's parent (-1 at the root) and
  * children (-1 padded) in channel c's tree. */

@@ -150,12 +150,17 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm) {
   for (int h = 0; h < nhosts && res == ncclSuccess; h++)
     res = UTIL_CALLOC(&host_ranks[h], nlocal[h], "a host's ranks");
   struct host_plan *plans = NULL;
-  uint8_t *pos = NULL;
+  /* What every rank tells the others: its place in its host's chains and
+   * the bandwidths the tuner needs, so that all tune alike. */
+  struct rank_topo {
+    uint8_t pos[LOOM_MAX_CHANNELS];
+    float chain_gbs, nic_gbs;
+  } *pos = NULL;
   int mine = host_of[me], nch = comm->nchannels;
   if (res == ncclSuccess)
     res = UTIL_CALLOC(&plans, nhosts, "host plans");
   if (res == ncclSuccess)
-    res = UTIL_CALLOC(&pos, (size_t)n * LOOM_MAX_CHANNELS, "chain positions");
+    res = UTIL_CALLOC(&pos, (size_t)n, "chain positions");
   if (res != ncclSuccess)
     goto out;
   for (int h = 0; h < nhosts; h++)
@@ -176,14 +181,27 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm) {
       snprintf(comm->local_cpus, sizeof comm->local_cpus, "%s", t->nodes[cpu].affinity);
   }
   res = topo_plan_host(t, nlocal[mine], dev, nch, nhosts > 1, &plans[mine]);
+  if (res == ncclSuccess) {
+    double chain, nic;
+    topo_plan_bw(t, &plans[mine], dev, nhosts > 1, &chain, &nic);
+    pos[me].chain_gbs = (float)chain;
+    pos[me].nic_gbs = (float)nic;
+  }
   free(dev);
   if (res != ncclSuccess)
     goto out;
   for (int c = 0; c < nch; c++)
     for (int k = 0; k < nlocal[mine]; k++)
       if (host_ranks[mine][plans[mine].chain[c * nlocal[mine] + k]] == me)
-        pos[(size_t)me * LOOM_MAX_CHANNELS + c] = (uint8_t)k;
-  CHECK_GOTO(bootstrap_allgather(comm->boot, pos, LOOM_MAX_CHANNELS), res, out);
+        pos[me].pos[c] = (uint8_t)k;
+  CHECK_GOTO(bootstrap_allgather(comm->boot, pos, sizeof *pos), res, out);
+  comm->topo_chain_gbs = comm->topo_nic_gbs = 0;
+  for (int r = 0; r < n; r++) {
+    if (pos[r].chain_gbs > 0 && (comm->topo_chain_gbs == 0 || pos[r].chain_gbs < comm->topo_chain_gbs))
+      comm->topo_chain_gbs = pos[r].chain_gbs;
+    if (pos[r].nic_gbs > 0 && (comm->topo_nic_gbs == 0 || pos[r].nic_gbs < comm->topo_nic_gbs))
+      comm->topo_nic_gbs = pos[r].nic_gbs;
+  }
   for (int h = 0; h < nhosts; h++) {
     if (h == mine)
       continue;
@@ -192,7 +210,7 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm) {
     CHECK_GOTO(UTIL_CALLOC(&plans[h].chain, (size_t)nlocal[h] * nch, "a host's chains"), res, out);
     for (int c = 0; c < nch; c++)
       for (int i = 0; i < nlocal[h]; i++) {
-        int k = pos[(size_t)host_ranks[h][i] * LOOM_MAX_CHANNELS + c];
+        int k = pos[host_ranks[h][i]].pos[c];
         if (k >= nlocal[h]) {
           res = err_set(ncclInternalError, "rank %d reported position %d in a chain of %d", host_ranks[h][i], k,
                         nlocal[h]);

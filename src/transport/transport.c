@@ -33,10 +33,19 @@ static uint64_t conn_tag(int kind, int channel, int dir) {
   return (1ull << 61) | ((uint64_t)kind << 16) | ((uint64_t)channel << 8) | (uint64_t)dir;
 }
 
+static struct conn **find_extra(struct ncclComm *comm, int kind, int channel, int peer, int dir) {
+  struct conn **p = &comm->extra_conns;
+  for (; *p; p = &(*p)->next_extra)
+    if ((*p)->kind == kind && (*p)->channel == channel && (*p)->peer == peer && (*p)->dir == dir)
+      return p;
+  return p; /* the empty end of the list, where a new one goes */
+}
+
 ncclResult_t transport_get_conn(struct ncclComm *comm, int kind, int channel, int peer, int dir,
                                 struct conn **out) {
-  struct conn **slot = kind == CONN_RING ? (dir == CONN_SEND ? &comm->ring_send[channel] : &comm->ring_recv[channel])
-                                         : (dir == CONN_SEND ? &comm->p2p_send[peer] : &comm->p2p_recv[peer]);
+  struct conn **slot = kind == CONN_RING  ? (dir == CONN_SEND ? &comm->ring_send[channel] : &comm->ring_recv[channel])
+                       : kind == CONN_P2P ? (dir == CONN_SEND ? &comm->p2p_send[peer] : &comm->p2p_recv[peer])
+                                          : find_extra(comm, kind, channel, peer, dir);
   if (*slot == NULL) {
     struct conn *c;
     CHECK(UTIL_CALLOC(&c, 1, "a connection"));
@@ -143,7 +152,8 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
         r = c->tr->connect(c, msgs[k].info, msgs[k].len);
       if (r == ncclSuccess) {
         c->connected = 1;
-        INFO(LOG_INIT, "channel %d: %s %s rank %d via %s", c->channel, c->kind == CONN_RING ? "ring" : "p2p",
+        static const char *kinds[] = {"ring", "p2p", "tree", "recursive doubling"};
+        INFO(LOG_INIT, "channel %d: %s %s rank %d via %s", c->channel, kinds[c->kind],
              c->dir == CONN_SEND ? "to" : "from", c->peer, c->tr->name);
         wait_reset(&w);
         continue;

@@ -21,7 +21,10 @@ struct ncclComm;
 struct conn;
 
 enum conn_dir { CONN_SEND = 0, CONN_RECV = 1 };
-enum conn_kind { CONN_RING = 0, CONN_P2P = 1 };
+/* Connections of different algorithms never share a FIFO, so that their
+ * slots cannot interleave: rings per channel, point to point per peer,
+ * trees per channel and peer, recursive doubling per peer. */
+enum conn_kind { CONN_RING = 0, CONN_P2P = 1, CONN_TREE = 2, CONN_RD = 3 };
 
 struct fifo {
   char *base;          /* NCCL_STEPS slots of `stride` bytes */
@@ -86,6 +89,7 @@ struct conn {
   } dev;
   int proxied;       /* a CUDA communicator's proxy thread drives it */
   struct conn *next_pending;
+  struct conn *next_extra; /* trees and recursive doubling: comm->extra_conns */
 };
 
 extern const struct transport transport_p2p;

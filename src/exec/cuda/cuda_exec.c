@@ -112,7 +112,13 @@ static void *proxy_main(void *arg) {
       } else if (comm->abort_flag) {
         cc->status->abort = 1;
       }
-      for (int i = 0; i < n && !reported; i++) {
+      /* Only a stalled kernel blames a peer: one that finished its part
+       * and exited while this rank had nothing to wait on it for is fine.
+       * The kernel does not say which peer it waits on, so a stall on a
+       * live peer can still find another one gone; LOOM_TIMEOUT bounds
+       * that case too. */
+      int stalled = kernels_running(cc) && cc->status->progress == seen;
+      for (int i = 0; i < n && !reported && stalled; i++) {
         struct conn *c = cc->watch[i];
         ncclResult_t r = c->tr->check ? c->tr->check(c) : ncclSuccess;
         if (r != ncclSuccess) {

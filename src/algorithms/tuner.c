@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "algorithms/tuner.h"
+#include "enqueue.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static const char *algo_names[ALGO_COUNT] = {"Ring", "Tree", "RecursiveDoubling"};
+
+const char *algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
+
+/* What each collective can run: AllReduce all three, the others rings. */
+static unsigned implemented(int coll) {
+  if (coll == COLL_ALLREDUCE)
+    return (1u << ALGO_RING) | (1u << ALGO_TREE) | (1u << ALGO_RD);
+  return 1u << ALGO_RING;
+}
+
+/* NCCL's algorithm names, with the ones Loom lacks mapped to nothing, and
+ * Loom's own small-message algorithm. Returns -2 for an unknown name. */
+static int algo_of(const char *name) {
+  static const char *absent[] = {"CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"};
+  for (int a = 0; a < ALGO_COUNT; a++)
+    if (strcasecmp(name, algo_names[a]) == 0)
+      return a;
+  if (strcasecmp(name, "RD") == 0)
+    return ALGO_RD;
+  for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+    if (strcasecmp(name, absent[i]) == 0)
+      return -1;
+  return -2;
+}
+
+static int coll_of(const char *name) {
+  for (int c = 0; c < COLL_COUNT; c++)
+    if (strcasecmp(name, coll_name(c)) == 0)
+      return c;
+  return -1;
+}
+
+/* One list, "Tree,Ring" or "^Tree": the mask it leaves of `all`. */
+static ncclResult_t parse_list(const char *spec, const char *list, unsigned *mask) {
+  int exclude = list[0] == '^';
+  if (exclude)
+    list++;
+  unsigned m = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", list);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ')
+      tok++;
+    int a = algo_of(tok);
+    if (a == -2)
+      return err_set(ncclInvalidArgument,
+                     "NCCL_ALGO=%s: unknown algorithm \"%s\" (NCCL's names are Ring, Tree, CollnetDirect, "
+                     "CollnetChain, NVLS, NVLSTree, PAT; Loom also has RecursiveDoubling)",
+                     spec, tok);
+    if (a >= 0)
+      m |= 1u << a;
+  }
+  *mask = exclude ? ~m & ((1u << ALGO_COUNT) - 1) : m;
+  return ncclSuccess;
+}
+
+/* "Ring,Tree", "^Tree", or per collective: "allreduce:tree,ring;broadcast:ring". */
+ncclResult_t tuner_parse_algo(const char *spec, unsigned *allowed, int ncoll) {
+  for (int c = 0; c < ncoll; c++)
+    allowed[c] = (1u << ALGO_COUNT) - 1;
+  if (!spec || !spec[0])
+    return ncclSuccess;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", spec);
+  char *save = NULL;
+  for (char *part = strtok_r(buf, ";", &save); part; part = strtok_r(NULL, ";", &save)) {
+    char *colon = strchr(part, ':');
+    unsigned mask;
+    if (!colon) {
+      CHECK(parse_list(spec, part, &mask));
+      for (int c = 0; c < ncoll; c++)
+        allowed[c] = mask;
+      continue;
+    }
+    *colon = '\0';
+    int coll = coll_of(part);
+    if (coll < 0 || coll >= ncoll)
+      return err_set(ncclInvalidArgument, "NCCL_ALGO=%s: \"%s\" is not a collective", spec, part);
+    CHECK(parse_list(spec, colon + 1, &mask));
+    allowed[coll] = mask;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t tuner_parse_proto(const char *spec) {
+  if (!spec || !spec[0])
+    return ncclSuccess;
+  const char *list = spec[0] == '^' ? spec + 1 : spec;
+  int has_simple = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", list);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (strcasecmp(tok, "Simple") == 0)
+      has_simple = 1;
+    else if (strcasecmp(tok, "LL") != 0 && strcasecmp(tok, "LL128") != 0)
+      return err_set(ncclInvalidArgument, "NCCL_PROTO=%s: unknown protocol \"%s\" (LL, LL128, Simple)", spec, tok);
+  }
+  if (has_simple == (spec[0] == '^'))
+    return err_set(ncclInvalidUsage,
+                   "NCCL_PROTO=%s leaves only protocols Loom does not implement: it has Simple (LL and LL128 "
+                   "are not implemented)",
+                   spec);
+  return ncclSuccess;
+}
+
+void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_per_host, int nchannels, int gpu,
+                 int shm_disabled, size_t buffsize, double chain_gbs, double nic_gbs) {
+  memset(in, 0, sizeof *in);
+  in->nranks = nranks;
+  in->nhosts = nhosts;
+  in->nchannels = nchannels;
+  int depth = 0;
+  while ((1 << depth) < nhosts)
+    depth++;
+  in->tree_depth = depth + max_ranks_per_host;
+  if (gpu) {
+    in->lat_local = 5e-6;
+    in->bw_local = 20e9;
+  } else {
+    in->lat_local = shm_disabled ? 15e-6 : 0.5e-6;
+    in->bw_local = shm_disabled ? 2e9 : 8e9;
+  }
+  /* Links deliver about 80% of their rate to the Simple protocol (as in
+   * NCCL's own tables); host ranks' shared memory is bounded by memory
+   * copies, not by the graph's links, so it keeps the per-class figure. */
+  if (gpu && chain_gbs > 0 && !shm_disabled)
+    in->bw_local = chain_gbs * 1e9 * 0.8;
+  in->lat_net = 15e-6;
+  in->bw_net = nic_gbs > 0 ? nic_gbs * 1e9 * 0.8 : 1.25e9;
+  /* Recursive doubling must fit its whole buffer in a FIFO. */
+  in->rd_max_bytes = LOOM_MIN((size_t)NCCL_STEPS * ((buffsize / NCCL_STEPS) & ~(size_t)63), (size_t)256 << 10);
+}
+
+ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in) {
+  memset(t, 0, sizeof *t);
+  t->in = *in;
+  CHECK(tuner_parse_algo(param_str(P_ALGO), t->allowed, COLL_COUNT));
+  return tuner_parse_proto(param_str(P_PROTO));
+}
+
+double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t bytes) {
+  int n = in->nranks;
+  double B = (double)bytes;
+  int net = in->nhosts > 1;
+  double lat = net ? in->lat_net : in->lat_local;
+  double bw = net ? LOOM_MIN(in->bw_local, in->bw_net) : in->bw_local;
+  if (n <= 1)
+    return lat;
+  if (!(implemented(coll) & (1u << algo)))
+    return INFINITY;
+  switch (algo) {
+  case ALGO_RING: {
+    /* Per rank 2(n-1)/n of the buffer for AllReduce, (n-1)/n for the
+     * gathers and scatters, all of it along a chain for Broadcast/Reduce;
+     * channels share the bandwidth of the links but add none. */
+    double steps = coll == COLL_ALLREDUCE ? 2.0 * (n - 1) : n - 1;
+    double moved = coll == COLL_ALLREDUCE ? 2.0 * (n - 1) / n * B
+                   : (coll == COLL_BROADCAST || coll == COLL_REDUCE) ? B
+                                                                     : (double)(n - 1) / n * B;
+    return steps * lat + moved / bw;
+  }
+  case ALGO_TREE:
+    /* Up and down the tree one after the other, each the whole buffer. */
+    return 2.0 * LOOM_MAX(in->tree_depth, 1) * lat + 2.0 * B / bw;
+  case ALGO_RD: {
+    if (bytes > in->rd_max_bytes)
+      return INFINITY;
+    int p = 1, rounds = 0;
+    while (p * 2 <= n) {
+      p *= 2;
+      rounds++;
+    }
+    int exchanges = rounds + (p < n ? 2 : 0);
+    /* Each exchange moves the whole buffer, and sends before it reduces. */
+    return exchanges * (lat + 1.5 * B / bw);
+  }
+  }
+  return INFINITY;
+}
+
+ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est) {
+  unsigned mask = t->allowed[coll] & implemented(coll);
+  if (!mask)
+    return err_set(ncclInvalidUsage,
+                   "NCCL_ALGO=%s leaves no algorithm Loom has for %s (it has %s)", param_str(P_ALGO),
+                   coll_name(coll), coll == COLL_ALLREDUCE ? "Ring, Tree, RecursiveDoubling" : "Ring");
+  int best = -1;
+  double best_t = INFINITY, times[ALGO_COUNT];
+  for (int a = 0; a < ALGO_COUNT; a++) {
+    times[a] = (mask & (1u << a)) ? tuner_estimate(&t->in, coll, a, bytes) : INFINITY;
+    if (best < 0 || times[a] < best_t) {
+      best = a;
+      best_t = times[a];
+    }
+  }
+  if (best_t == INFINITY) {
+    /* Only algorithms that cannot take this size remain: a ring always can. */
+    if (!(implemented(coll) & (1u << ALGO_RING)))
+      return err_set(ncclInternalError, "no algorithm can run %s of %zu bytes", coll_name(coll), bytes);
+    if (!(mask & (1u << ALGO_RING)))
+      return err_set(ncclInvalidUsage, "NCCL_ALGO=%s allows no algorithm that can run %s of %zu bytes",
+                     param_str(P_ALGO), coll_name(coll), bytes);
+    best = ALGO_RING;
+    best_t = times[ALGO_RING];
+  }
+  /* Small calls on one channel; large ones spread over every channel,
+   * each with at least half a megabyte. */
+  int nch = (int)LOOM_MIN((size_t)t->in.nchannels, LOOM_MAX((size_t)1, bytes / (512u << 10)));
+  int cls = 0;
+  while ((1ull << (cls + 1)) <= bytes && cls < 63)
+    cls++;
+  if (coll >= 0 && coll < 8 && !(t->logged[coll] & (1ull << cls))) {
+    t->logged[coll] |= 1ull << cls;
+    INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, Simple, %d channel(s); model %.1f us (Ring %.1f, Tree "
+         "%.1f, RecursiveDoubling %.1f)",
+         coll_name(coll), bytes, cls, algo_name(best), best == ALGO_RING ? nch : 1, best_t * 1e6,
+         times[ALGO_RING] * 1e6, times[ALGO_TREE] * 1e6, times[ALGO_RD] * 1e6);
+  }
+  *algo = best;
+  *nchannels = best == ALGO_RING || best == ALGO_TREE ? nch : 1;
+  if (est)
+    *est = best_t;
+  return ncclSuccess;
+}

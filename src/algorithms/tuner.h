@@ -1,0 +1,67 @@
+/*
+ * The tuning model: for each call, the algorithm (ring, tree, recursive
+ * doubling), protocol and number of channels, from an alpha-beta estimate
+ * time = steps * latency + bytes moved / bandwidth of each candidate, with
+ * NCCL_ALGO and NCCL_PROTO (NCCL's syntax) restricting the candidates.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_TUNER_H
+#define LOOM_TUNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+enum algo { ALGO_RING = 0, ALGO_TREE = 1, ALGO_RD = 2, ALGO_COUNT };
+
+const char *algo_name(int algo);
+
+/* The machine as the model sees it. */
+struct tune_input {
+  int nranks, nhosts;
+  int tree_depth;     /* the longest path to the tree's root, in hops */
+  int nchannels;      /* channels the communicator has connected */
+  double lat_local;   /* seconds per step between ranks of a host */
+  double lat_net;     /* seconds per step between hosts */
+  double bw_local;    /* bytes/s a rank moves to a neighbour on its host */
+  double bw_net;      /* bytes/s a rank moves to another host */
+  size_t rd_max_bytes; /* recursive doubling sends before it receives: what fits in a FIFO */
+};
+
+struct tuner {
+  struct tune_input in;
+  /* Allowed algorithms per collective (bit per enum algo), from NCCL_ALGO. */
+  unsigned allowed[8];
+  uint64_t logged[8]; /* size classes already logged, per collective */
+};
+
+/* The model's inputs for a communicator of this shape. Latencies are per
+ * transport class (shared memory, sockets, GPU kernels); bandwidths come
+ * from the topology where it has them: chain_gbs, the narrowest link
+ * between neighbours in any host's chains (GPU ranks), and nic_gbs, what
+ * the NICs the channels use carry together, on the poorest host (0 for
+ * either: not known, a per-class figure instead). Built only from what every rank knows alike (the
+ * caller takes the minimum over all ranks), so every rank picks the same
+ * algorithm for a call. */
+void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_per_host, int nchannels, int gpu,
+                 int shm_disabled, size_t buffsize, double chain_gbs, double nic_gbs);
+
+/* Reads NCCL_ALGO and NCCL_PROTO; refuses unknown names, and settings
+ * that leave Loom nothing it implements, with a sentence. */
+ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in);
+
+/* Parses an NCCL_ALGO value into per-collective masks (exposed for the
+ * tests). `allowed` has one mask per enum coll_kind. */
+ncclResult_t tuner_parse_algo(const char *spec, unsigned *allowed, int ncoll);
+ncclResult_t tuner_parse_proto(const char *spec);
+
+/* The algorithm and channel count for a collective of `bytes` (the
+ * larger of its input and output); est gets the model's estimate in
+ * seconds. Refuses when NCCL_ALGO left nothing for this collective. */
+ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est);
+
+/* The model's estimate for one algorithm (infinity where it cannot run). */
+double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t bytes);
+
+#endif

@@ -1,0 +1,98 @@
+/* The tuning model and NCCL_ALGO / NCCL_PROTO. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms/tuner.h"
+#include "core.h"
+#include "enqueue.h"
+#include "test.h"
+
+/* A 2-rank CPU host, as tune_setup in init.c describes one. */
+static struct tune_input host2(void) {
+  struct tune_input in = {.nranks = 2, .nhosts = 1, .tree_depth = 2, .nchannels = 1, .lat_local = 0.5e-6,
+                          .lat_net = 15e-6, .bw_local = 8e9, .bw_net = 1.25e9, .rd_max_bytes = 256 << 10};
+  return in;
+}
+
+TEST_IMPL(unit_tuner_pick) {
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_PROTO");
+  struct tuner t;
+  struct tune_input in = host2();
+  ASSERT_OK(tuner_init(&t, &in));
+  int algo, nch;
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT_MSG(algo == ALGO_RD, "8 B picks %s", algo_name(algo));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 64u << 20, &algo, &nch, NULL));
+  ASSERT_MSG(algo == ALGO_RING, "64 MiB picks %s", algo_name(algo));
+  /* Only AllReduce has other algorithms. */
+  ASSERT_OK(tuner_pick(&t, COLL_ALLGATHER, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
+  /* Many hosts make trees worth it in the middle sizes. */
+  in.nranks = 256;
+  in.nhosts = 256;
+  in.tree_depth = 9;
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 1u << 20, &algo, &nch, NULL));
+  ASSERT_MSG(algo == ALGO_TREE, "1 MiB on 256 hosts picks %s", algo_name(algo));
+  /* Recursive doubling never gets what does not fit a FIFO. */
+  ASSERT(isinf(tuner_estimate(&in, COLL_ALLREDUCE, ALGO_RD, 1u << 20)));
+  /* Channels: one for small calls, all for large ones. */
+  in = host2();
+  in.nchannels = 4;
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLGATHER, 4096, &algo, &nch, NULL));
+  ASSERT(nch == 1);
+  ASSERT_OK(tuner_pick(&t, COLL_ALLGATHER, 64u << 20, &algo, &nch, NULL));
+  ASSERT(nch == 4);
+  return 0;
+}
+
+TEST_IMPL(unit_tuner_env) {
+  unsigned m[COLL_COUNT];
+  ASSERT_OK(tuner_parse_algo("Ring", m, COLL_COUNT));
+  ASSERT(m[COLL_ALLREDUCE] == 1u << ALGO_RING);
+  ASSERT_OK(tuner_parse_algo("^Tree", m, COLL_COUNT));
+  ASSERT(m[COLL_ALLREDUCE] == ((1u << ALGO_RING) | (1u << ALGO_RD)));
+  ASSERT_OK(tuner_parse_algo("tree,RING", m, COLL_COUNT));
+  ASSERT(m[COLL_ALLREDUCE] == ((1u << ALGO_RING) | (1u << ALGO_TREE)));
+  ASSERT_OK(tuner_parse_algo("allreduce:tree;broadcast:ring", m, COLL_COUNT));
+  ASSERT(m[COLL_ALLREDUCE] == 1u << ALGO_TREE && m[COLL_BROADCAST] == 1u << ALGO_RING);
+  ASSERT(m[COLL_ALLGATHER] == (1u << ALGO_COUNT) - 1);
+  /* NCCL's names Loom lacks are accepted and stand for nothing. */
+  ASSERT_OK(tuner_parse_algo("NVLS,Ring", m, COLL_COUNT));
+  ASSERT(m[COLL_ALLREDUCE] == 1u << ALGO_RING);
+  ASSERT(tuner_parse_algo("Fast", m, COLL_COUNT) == ncclInvalidArgument);
+  ASSERT(strstr(err_thread_last(), "unknown algorithm \"Fast\"") != NULL);
+  ASSERT(tuner_parse_algo("allsum:ring", m, COLL_COUNT) == ncclInvalidArgument);
+
+  ASSERT_OK(tuner_parse_proto("Simple"));
+  ASSERT_OK(tuner_parse_proto("^LL,LL128"));
+  ASSERT(tuner_parse_proto("LL") == ncclInvalidUsage);
+  ASSERT(strstr(err_thread_last(), "Loom does not implement") != NULL);
+  ASSERT(tuner_parse_proto("^Simple") == ncclInvalidUsage);
+  ASSERT(tuner_parse_proto("Fast") == ncclInvalidArgument);
+
+  /* A setting that leaves AllReduce nothing Loom has fails the call. */
+  setenv("NCCL_ALGO", "NVLS", 1);
+  struct tuner t;
+  struct tune_input in = host2();
+  ASSERT_OK(tuner_init(&t, &in));
+  int algo, nch;
+  ASSERT(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL) == ncclInvalidUsage);
+  ASSERT(strstr(err_thread_last(), "leaves no algorithm") != NULL);
+  /* Recursive doubling alone cannot take a large buffer. */
+  setenv("NCCL_ALGO", "RecursiveDoubling", 1);
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RD);
+  ASSERT(tuner_pick(&t, COLL_ALLREDUCE, 64u << 20, &algo, &nch, NULL) == ncclInvalidUsage);
+  setenv("NCCL_ALGO", "tree", 1);
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_TREE);
+  ASSERT(tuner_pick(&t, COLL_BROADCAST, 8, &algo, &nch, NULL) == ncclInvalidUsage);
+  unsetenv("NCCL_ALGO");
+  return 0;
+}
