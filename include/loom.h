@@ -33,6 +33,10 @@ const char *loomTransports(void);
  * NULL). Returns ncclInvalidArgument for a NULL comm or result pointer. */
 ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost);
 
+/* How many channels (parallel rings and trees) `comm` has: the most a
+ * call may split over (the tuner gives small calls fewer). */
+ncclResult_t loomCommChannels(ncclComm_t comm, int *nchannels);
+
 /* The transport used to reach `peer` once a collective or a send/recv has
  * connected it (point to point, rings, trees, recursive doubling): "p2p",
  * "shm", "net/socket", "self", or "none" before the first use. For tests

@@ -411,6 +411,14 @@ LOOM_EXPORT ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost) {
   return ncclSuccess;
 }
 
+LOOM_EXPORT ncclResult_t loomCommChannels(ncclComm_t comm, int *nchannels) {
+  ncclResult_t r = check_query(comm, nchannels, "loomCommChannels");
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
+  *nchannels = comm->nchannels;
+  return ncclSuccess;
+}
+
 static const char *conn_name(const struct conn *c) {
   if (c == NULL || !c->connected)
     return NULL;

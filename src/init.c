@@ -172,7 +172,8 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
   comm->buffsize = (size_t)param_int(P_BUFFSIZE);
-  int want = (int)LOOM_MAX(param_int(P_MIN_NCHANNELS), LOOM_MIN(param_int(P_MAX_NCHANNELS), 1));
+  int want = (int)LOOM_MAX(param_int(P_MIN_NCHANNELS),
+                           LOOM_MIN(param_int(P_MAX_NCHANNELS), topo_default_channels(!comm->is_host)));
   if (config->minCTAs != NCCL_CONFIG_UNDEF_INT && config->minCTAs > want)
     want = LOOM_MIN(config->minCTAs, LOOM_MAX_CHANNELS);
   if (config->maxCTAs != NCCL_CONFIG_UNDEF_INT && config->maxCTAs > 0 && config->maxCTAs < want)

@@ -352,8 +352,13 @@ static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
     }
     RASSERT(connected > 0, "rank %d connected to no peer", rank);
   }
+  int nch = 0;
+  RCHECK(comm, loomCommChannels(comm, &nch));
+  const char *want = getenv("NCCL_MIN_NCHANNELS");
+  RASSERT(want ? nch == atoi(want) : nch == 1, "rank %d has %d channels (NCCL_MIN_NCHANNELS=%s)", rank, nch,
+          want ? want : "unset");
   if (rank == 0)
-    printf("%d ranks over %s: %d calls checked\n", n, tr ? tr : "self", calls);
+    printf("%d ranks over %s, %d channel(s): %d calls checked\n", n, tr ? tr : "self", nch, calls);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
@@ -394,3 +399,20 @@ TEST_IMPL(coll_rd_shm_5) { return algo_test(5, 0, "allreduce:recursivedoubling,r
 TEST_IMPL(coll_rd_shm_8) { return algo_test(8, 0, "allreduce:recursivedoubling,ring"); }
 TEST_IMPL(coll_rd_socket_3) { return algo_test(3, 1, "allreduce:recursivedoubling,ring"); }
 TEST_IMPL(coll_ring_only_shm_4) { return algo_test(4, 0, "ring"); }
+
+/* Several channels: each call's buffer split over parallel rings (or,
+ * for trees, over both trees of the double tree), sizes above a channel's
+ * half megabyte using all of them. */
+static int channels_test(int n, int socket, int nch, const char *algo) {
+  char v[8];
+  snprintf(v, sizeof v, "%d", nch);
+  setenv("NCCL_MIN_NCHANNELS", v, 1);
+  setenv("NCCL_MAX_NCHANNELS", v, 1);
+  if (algo)
+    return algo_test(n, socket, algo);
+  return coll_test(n, socket);
+}
+
+TEST_IMPL(coll_channels_shm_3) { return channels_test(3, 0, 4, NULL); }
+TEST_IMPL(coll_channels_socket_2) { return channels_test(2, 1, 2, NULL); }
+TEST_IMPL(coll_channels_tree_shm_4) { return channels_test(4, 0, 2, "allreduce:tree"); }

@@ -326,6 +326,22 @@ TEST_IMPL(unit_topo_search_cpu) {
     unbuild(&b);
   }
   topo_system_free(t);
+  /* This host's own dump: one NUMA node, so any order is as good, but the
+   * rings and trees must still be whole. */
+  t = load("this_host.xml");
+  int here[3] = {topo_nth(t, TOPO_CPU, 0), topo_nth(t, TOPO_CPU, 0), topo_nth(t, TOPO_CPU, 0)};
+  ASSERT(here[0] >= 0);
+  for (int hi = 0; hi < 3; hi++) {
+    struct built b;
+    build(t, here, 3, hosts[hi], 2, &b);
+    check_rings(&b);
+    for (int c = 0; c < 2; c++)
+      check_tree(&b, c);
+    if (hosts[hi] > 1)
+      check_double_tree(&b);
+    unbuild(&b);
+  }
+  topo_system_free(t);
   return 0;
 }
 

@@ -219,6 +219,8 @@ ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int 
   /* Small calls on one channel; large ones spread over every channel,
    * each with at least half a megabyte. */
   int nch = (int)LOOM_MIN((size_t)t->in.nchannels, LOOM_MAX((size_t)1, bytes / (512u << 10)));
+  if (best == ALGO_RD)
+    nch = 1;
   int cls = 0;
   while ((1ull << (cls + 1)) <= bytes && cls < 63)
     cls++;
@@ -226,11 +228,11 @@ ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int 
     t->logged[coll] |= 1ull << cls;
     INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, Simple, %d channel(s); model %.1f us (Ring %.1f, Tree "
          "%.1f, RecursiveDoubling %.1f)",
-         coll_name(coll), bytes, cls, algo_name(best), best == ALGO_RING ? nch : 1, best_t * 1e6,
+         coll_name(coll), bytes, cls, algo_name(best), nch, best_t * 1e6,
          times[ALGO_RING] * 1e6, times[ALGO_TREE] * 1e6, times[ALGO_RD] * 1e6);
   }
   *algo = best;
-  *nchannels = best == ALGO_RING || best == ALGO_TREE ? nch : 1;
+  *nchannels = nch;
   if (est)
     *est = best_t;
   return ncclSuccess;

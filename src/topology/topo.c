@@ -75,6 +75,15 @@ ncclResult_t topo_get_system(const struct topo_system **out) {
   return ncclSuccess;
 }
 
+int topo_default_channels(int gpu) {
+  if (!gpu)
+    return 1;
+  pthread_once(&system_once, system_load);
+  if (system_status != ncclSuccess)
+    return 1;
+  return LOOM_MAX(2, LOOM_MIN(topo_count(system_topo, TOPO_NIC), TOPO_MAX_CHANNELS));
+}
+
 int topo_current_numa(void) {
   int cpu = sched_getcpu();
   if (cpu < 0)

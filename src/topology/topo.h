@@ -26,6 +26,14 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm);
 /* The NUMA node of the CPU the calling thread runs on. */
 int topo_current_numa(void);
 
+/* How many channels this rank asks for when NCCL_MIN/MAX_NCHANNELS leave
+ * it free (the communicator takes the smallest wish of its ranks): a GPU
+ * rank one per NIC of its host, at least 2, so that rings leave through
+ * every NIC; a host rank 1, since one thread drives all its channels and
+ * more would only cut the buffers smaller. 1 where the topology cannot be
+ * had: init reports that error itself, after every rank has met. */
+int topo_default_channels(int gpu);
+
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
 

@@ -25,6 +25,8 @@ nvidia-smi -L >"$out/gpu.txt" 2>&1 || true
 cat "$out/gpu.txt"
 step configure cmake -S . -B $build -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_ARCHS=90
 step build cmake --build $build -j"$jobs"
+# What discovery (NVML, sysfs) sees on the GPU machine, and its dump.
+step loom_info $build/tools/loom-info --ranks 2 --dump "$out/topo.xml"
 step gpu_tests ctest --test-dir $build -R '^gpu_' --output-on-failure --timeout 400
 step host_smoke ctest --test-dir $build -R '^(smoke_|p2p_ring_shm_2|coll_shm_2|unit_)' --output-on-failure
 step reduce_kernel_bw $build/perf/reduce_kernel_bw 256 20
