@@ -74,25 +74,30 @@ TEST_IMPL(unit_tuner_env) {
   ASSERT(tuner_parse_proto("^Simple") == ncclInvalidUsage);
   ASSERT(tuner_parse_proto("Fast") == ncclInvalidArgument);
 
-  /* A setting that leaves AllReduce nothing Loom has fails the call. */
+  /* A setting that leaves a call nothing Loom can run makes it a ring,
+   * as NCCL falls back. */
   setenv("NCCL_ALGO", "NVLS", 1);
   struct tuner t;
   struct tune_input in = host2();
   ASSERT_OK(tuner_init(&t, &in));
   int algo, nch;
-  ASSERT(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL) == ncclInvalidUsage);
-  ASSERT(strstr(err_thread_last(), "leaves no algorithm") != NULL);
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
   /* Recursive doubling alone cannot take a large buffer. */
   setenv("NCCL_ALGO", "RecursiveDoubling", 1);
   ASSERT_OK(tuner_init(&t, &in));
   ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
   ASSERT(algo == ALGO_RD);
-  ASSERT(tuner_pick(&t, COLL_ALLREDUCE, 64u << 20, &algo, &nch, NULL) == ncclInvalidUsage);
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 64u << 20, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
   setenv("NCCL_ALGO", "tree", 1);
   ASSERT_OK(tuner_init(&t, &in));
   ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
   ASSERT(algo == ALGO_TREE);
-  ASSERT(tuner_pick(&t, COLL_BROADCAST, 8, &algo, &nch, NULL) == ncclInvalidUsage);
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 64u << 20, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_TREE);
+  ASSERT_OK(tuner_pick(&t, COLL_BROADCAST, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
   unsetenv("NCCL_ALGO");
   return 0;
 }

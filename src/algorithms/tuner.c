@@ -193,10 +193,6 @@ double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t by
 
 ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est) {
   unsigned mask = t->allowed[coll] & implemented(coll);
-  if (!mask)
-    return err_set(ncclInvalidUsage,
-                   "NCCL_ALGO=%s leaves no algorithm Loom has for %s (it has %s)", param_str(P_ALGO),
-                   coll_name(coll), coll == COLL_ALLREDUCE ? "Ring, Tree, RecursiveDoubling" : "Ring");
   int best = -1;
   double best_t = INFINITY, times[ALGO_COUNT];
   for (int a = 0; a < ALGO_COUNT; a++) {
@@ -207,14 +203,21 @@ ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int 
     }
   }
   if (best_t == INFINITY) {
-    /* Only algorithms that cannot take this size remain: a ring always can. */
+    /* NCCL_ALGO left nothing that can run this call (Tree for a
+     * Broadcast, recursive doubling for a large buffer): like NCCL, run it
+     * as a ring, which every collective has at every size, and say so once
+     * per collective. */
     if (!(implemented(coll) & (1u << ALGO_RING)))
       return err_set(ncclInternalError, "no algorithm can run %s of %zu bytes", coll_name(coll), bytes);
-    if (!(mask & (1u << ALGO_RING)))
-      return err_set(ncclInvalidUsage, "NCCL_ALGO=%s allows no algorithm that can run %s of %zu bytes",
-                     param_str(P_ALGO), coll_name(coll), bytes);
     best = ALGO_RING;
-    best_t = times[ALGO_RING];
+    best_t = tuner_estimate(&t->in, coll, ALGO_RING, bytes);
+    times[ALGO_RING] = best_t;
+    if (coll >= 0 && coll < 8 && !(t->fell_back & (1u << coll))) {
+      t->fell_back |= 1u << coll;
+      INFO(LOG_TUNING, "NCCL_ALGO=%s leaves %s of %zu bytes no algorithm Loom has for it (%s); it runs as Ring",
+           param_str(P_ALGO), coll_name(coll), bytes,
+           coll == COLL_ALLREDUCE ? "Ring, Tree, RecursiveDoubling up to a FIFO's size" : "Ring");
+    }
   }
   /* Small calls on one channel; large ones spread over every channel,
    * each with at least half a megabyte. */

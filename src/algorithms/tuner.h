@@ -34,6 +34,7 @@ struct tuner {
   /* Allowed algorithms per collective (bit per enum algo), from NCCL_ALGO. */
   unsigned allowed[8];
   uint64_t logged[8]; /* size classes already logged, per collective */
+  unsigned fell_back;  /* collectives already logged as run as Ring against NCCL_ALGO */
 };
 
 /* The model's inputs for a communicator of this shape. Latencies are per
@@ -58,7 +59,8 @@ ncclResult_t tuner_parse_proto(const char *spec);
 
 /* The algorithm and channel count for a collective of `bytes` (the
  * larger of its input and output); est gets the model's estimate in
- * seconds. Refuses when NCCL_ALGO left nothing for this collective. */
+ * seconds. Where NCCL_ALGO leaves nothing that can run the call, a ring
+ * (as NCCL falls back). */
 ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est);
 
 /* The model's estimate for one algorithm (infinity where it cannot run). */
