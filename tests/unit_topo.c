@@ -4,6 +4,8 @@
  * and 16 hosts of each, and XML round trips. Fixture paths come from
  * LOOM_TOPO_FIXTURES, set by CMake.
  */
+#include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,5 +445,50 @@ TEST_IMPL(unit_topo_plan_bw) {
   ASSERT(fast.bw_local > slow.bw_local && fast.bw_net == slow.bw_net);
   ASSERT(tuner_estimate(&fast, COLL_ALLGATHER, ALGO_RING, 1u << 30) <
          tuner_estimate(&slow, COLL_ALLGATHER, ALGO_RING, 1u << 30));
+  return 0;
+}
+
+/* hwloc's view of the PCI tree matches the kernel's: for every PCI
+ * function here, the bridges hwloc puts above it are the ones its sysfs
+ * path names, root first. (Where the build has no hwloc, there is nothing
+ * to compare and discovery reads sysfs alone.) */
+TEST_IMPL(unit_topo_pci_chain) {
+  DIR *d = opendir("/sys/bus/pci/devices");
+  if (!d) {
+    printf("no /sys/bus/pci here: nothing to compare\n");
+    return 0;
+  }
+  int known = 0, total = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.')
+      continue;
+    total++;
+    char want[TOPO_MAX_PCI_DEPTH][TOPO_BUSID_LEN], got[TOPO_MAX_PCI_DEPTH][TOPO_BUSID_LEN];
+    int nwant = 0, numa;
+    char link[512], real[PATH_MAX];
+    snprintf(link, sizeof link, "/sys/bus/pci/devices/%s", e->d_name);
+    ASSERT(realpath(link, real));
+    char *save = NULL;
+    for (char *c = strtok_r(real, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+      unsigned a, b, x, f;
+      char tail;
+      if (sscanf(c, "%4x:%2x:%2x.%1x%c", &a, &b, &x, &f, &tail) == 4 && strcmp(c, e->d_name) != 0 &&
+          nwant < TOPO_MAX_PCI_DEPTH)
+        snprintf(want[nwant++], TOPO_BUSID_LEN, "%s", c);
+    }
+    int n = discover_pci_chain_probe(e->d_name, got, TOPO_MAX_PCI_DEPTH, &numa);
+    if (n < 0)
+      continue;
+    known++;
+    ASSERT_MSG(n == nwant, "%s: hwloc sees %d bridges above it, sysfs %d", e->d_name, n, nwant);
+    for (int i = 0; i < n; i++)
+      ASSERT_MSG(strcmp(got[i], want[i]) == 0, "%s: bridge %d is %s for hwloc, %s in sysfs", e->d_name, i, got[i],
+                 want[i]);
+  }
+  closedir(d);
+  printf("%d of %d PCI functions compared\n", known, total);
+#if LOOM_HAVE_HWLOC
+  ASSERT_MSG(total == 0 || known > 0, "hwloc knows none of the %d PCI functions", total);
+#endif
   return 0;
 }

@@ -1,10 +1,12 @@
 /*
- * Discovering this host: CPUs and NUMA nodes through hwloc (sysfs where
- * hwloc is absent), GPUs and their NVLinks through NVML (the PCI class
- * in sysfs where NVML cannot be loaded), NICs from /sys/class/infiniband
- * and the socket plugin's interfaces, and the PCI tree above every device
- * from its sysfs path (/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0
- * lists the bridges from the root down).
+ * Discovering this host: CPUs, NUMA nodes and the PCI bridges above
+ * every device through hwloc (with its I/O objects), GPUs and their
+ * NVLinks through NVML (the PCI class in sysfs where NVML cannot be
+ * loaded), NICs from /sys/class/infiniband and the socket plugin's
+ * interfaces. Without hwloc, or for a device hwloc does not show, the
+ * sysfs path gives the bridges (/sys/devices/pci0000:00/0000:00:01.0/
+ * 0000:01:00.0 lists them from the root down). Link speeds and widths
+ * are read from sysfs either way, as hwloc itself does.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -113,21 +115,90 @@ static ncclResult_t add_cpu(struct topo_system *s, int numa, const char *affinit
   return ncclSuccess;
 }
 
+#if LOOM_HAVE_HWLOC
+/* The machine as hwloc sees it, PCI bridges and devices included, for the
+ * length of one topo_discover (NULL where it could not be loaded). */
+static hwloc_topology_t hw;
+
+static void hw_load(void) {
+  if (hwloc_topology_init(&hw) != 0) {
+    hw = NULL;
+    return;
+  }
+  hwloc_topology_set_io_types_filter(hw, HWLOC_TYPE_FILTER_KEEP_ALL);
+  if (hwloc_topology_load(hw) != 0) {
+    hwloc_topology_destroy(hw);
+    hw = NULL;
+  }
+}
+
+static void hw_unload(void) {
+  if (hw)
+    hwloc_topology_destroy(hw);
+  hw = NULL;
+}
+#endif
+
+static int discover_pci_chain(const char *busid, char chain[][TOPO_BUSID_LEN], int max, int *numa) {
+#if LOOM_HAVE_HWLOC
+  unsigned dom, bus, dev, fn;
+  hwloc_obj_t o = NULL;
+  if (hw && sscanf(busid, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4)
+    o = hwloc_get_pcidev_by_busid(hw, dom, bus, dev, fn);
+  if (!o)
+    return -1;
+  /* Bridges from the device up; host bridges (the root complex) are the
+   * CPU's and have no bus id of their own. */
+  char up[TOPO_MAX_PCI_DEPTH][TOPO_BUSID_LEN];
+  int n = 0;
+  for (hwloc_obj_t p = o->parent; p && p->type == HWLOC_OBJ_BRIDGE && n < TOPO_MAX_PCI_DEPTH; p = p->parent) {
+    if (p->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_PCI)
+      continue;
+    const struct hwloc_pcidev_attr_s *a = &p->attr->bridge.upstream.pci;
+    snprintf(up[n++], TOPO_BUSID_LEN, "%04x:%02x:%02x.%x", (unsigned)a->domain, (unsigned)a->bus,
+             (unsigned)a->dev, (unsigned)a->func);
+  }
+  if (n > max)
+    return -1;
+  for (int i = 0; i < n; i++)
+    memcpy(chain[i], up[n - 1 - i], TOPO_BUSID_LEN);
+  hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(hw, o);
+  *numa = anc && anc->nodeset && !hwloc_bitmap_iszero(anc->nodeset) ? hwloc_bitmap_first(anc->nodeset) : -1;
+  return n;
+#else
+  (void)busid;
+  (void)chain;
+  (void)max;
+  (void)numa;
+  return -1;
+#endif
+}
+
+int discover_pci_chain_probe(const char *busid, char chain[][TOPO_BUSID_LEN], int max, int *numa) {
+#if LOOM_HAVE_HWLOC
+  int mine = hw == NULL;
+  if (mine)
+    hw_load();
+  int n = discover_pci_chain(busid, chain, max, numa);
+  if (mine)
+    hw_unload();
+  return n;
+#else
+  return discover_pci_chain(busid, chain, max, numa);
+#endif
+}
+
 static ncclResult_t discover_cpus(struct topo_system *s) {
 #if LOOM_HAVE_HWLOC
-  hwloc_topology_t t;
-  if (hwloc_topology_init(&t) == 0 && hwloc_topology_load(t) == 0) {
-    int nnuma = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
-    ncclResult_t r = ncclSuccess;
-    for (int i = 0; i < nnuma && r == ncclSuccess; i++) {
-      hwloc_obj_t o = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, i);
+  if (hw) {
+    int nnuma = hwloc_get_nbobjs_by_type(hw, HWLOC_OBJ_NUMANODE);
+    for (int i = 0; i < nnuma; i++) {
+      hwloc_obj_t o = hwloc_get_obj_by_type(hw, HWLOC_OBJ_NUMANODE, i);
       char list[128] = "";
       hwloc_bitmap_list_snprintf(list, sizeof list, o->cpuset);
-      int cores = hwloc_get_nbobjs_inside_cpuset_by_type(t, o->cpuset, HWLOC_OBJ_CORE);
-      r = add_cpu(s, (int)o->os_index, list, cores);
+      int cores = hwloc_get_nbobjs_inside_cpuset_by_type(hw, o->cpuset, HWLOC_OBJ_CORE);
+      CHECK(add_cpu(s, (int)o->os_index, list, cores));
     }
-    hwloc_topology_destroy(t);
-    CHECK(r);
     if (nnuma > 0)
       return ncclSuccess;
   }
@@ -154,30 +225,39 @@ static ncclResult_t insert_pci(struct topo_system *s, const char *busid, int typ
     *out = have;
     return ncclSuccess;
   }
-  char link[256], real[PATH_MAX];
-  snprintf(link, sizeof link, "/sys/bus/pci/devices/%s", busid);
-  int parent = cpu_of_numa(s, pci_attr_int(busid, "numa_node", 10, -1));
-  if (realpath(link, real)) {
-    char *save = NULL;
-    for (char *c = strtok_r(real, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
-      if (!is_busid(c) || strcmp(c, busid) == 0)
-        continue;
-      int idx = topo_find_busid(s, c);
-      if (idx < 0) {
-        CHECK(topo_add_node(s, TOPO_PCI, &idx));
-        struct topo_node *b = &s->nodes[idx];
-        snprintf(b->busid, sizeof b->busid, "%s", c);
-        b->parent = parent;
-        b->numa = s->nodes[parent].numa;
-        b->pci_class = pci_attr_int(c, "class", 16, -1);
-        char p2[256];
-        snprintf(p2, sizeof p2, "/sys/bus/pci/devices/%s/current_link_speed", c);
-        read_file(p2, b->link_speed, sizeof b->link_speed);
-        b->link_width = pci_attr_int(c, "current_link_width", 10, 0);
-        CHECK(topo_connect(s, idx, parent, LINK_PCI, topo_pci_bw(b->link_speed, b->link_width)));
-      }
-      parent = idx;
+  char chain[TOPO_MAX_PCI_DEPTH][TOPO_BUSID_LEN];
+  int numa = -1, n = discover_pci_chain(busid, chain, TOPO_MAX_PCI_DEPTH, &numa);
+  if (n < 0) {
+    n = 0;
+    numa = pci_attr_int(busid, "numa_node", 10, -1);
+    char link[256], real[PATH_MAX];
+    snprintf(link, sizeof link, "/sys/bus/pci/devices/%s", busid);
+    if (realpath(link, real)) {
+      char *save = NULL;
+      for (char *c = strtok_r(real, "/", &save); c && n < TOPO_MAX_PCI_DEPTH; c = strtok_r(NULL, "/", &save))
+        if (is_busid(c) && strcmp(c, busid) != 0)
+          snprintf(chain[n++], TOPO_BUSID_LEN, "%s", c);
     }
+  }
+  int parent = cpu_of_numa(s, numa);
+  for (int k = 0; k < n; k++) {
+    const char *c = chain[k];
+    int idx = topo_find_busid(s, c);
+    if (idx < 0) {
+      CHECK(topo_add_node(s, TOPO_PCI, &idx));
+      struct topo_node *b = &s->nodes[idx];
+      memcpy(b->busid, c, sizeof b->busid);
+      b->busid[sizeof b->busid - 1] = '\0';
+      b->parent = parent;
+      b->numa = s->nodes[parent].numa;
+      b->pci_class = pci_attr_int(c, "class", 16, -1);
+      char p2[96];
+      snprintf(p2, sizeof p2, "/sys/bus/pci/devices/%.15s/current_link_speed", c);
+      read_file(p2, b->link_speed, sizeof b->link_speed);
+      b->link_width = pci_attr_int(c, "current_link_width", 10, 0);
+      CHECK(topo_connect(s, idx, parent, LINK_PCI, topo_pci_bw(b->link_speed, b->link_width)));
+    }
+    parent = idx;
   }
   int idx;
   CHECK(topo_add_node(s, type, &idx));
@@ -332,11 +412,17 @@ ncclResult_t topo_discover(struct topo_system **out) {
   struct topo_system *s;
   CHECK(topo_system_new(&s));
   gethostname(s->host, sizeof s->host - 1);
+#if LOOM_HAVE_HWLOC
+  hw_load();
+#endif
   ncclResult_t r = discover_cpus(s);
   if (r == ncclSuccess)
     r = discover_gpus(s);
   if (r == ncclSuccess)
     r = discover_nics(s);
+#if LOOM_HAVE_HWLOC
+  hw_unload();
+#endif
   if (r == ncclSuccess)
     r = topo_compute_paths(s);
   if (r != ncclSuccess) {

@@ -42,6 +42,9 @@ const char *path_type_name(int type);
 #define TOPO_MAX_LINKS 64
 #define TOPO_MAX_NODES 512
 
+#define TOPO_BUSID_LEN 16
+#define TOPO_MAX_PCI_DEPTH 16 /* bridges between a device and its CPU */
+
 struct topo_link {
   int type;  /* enum link_type */
   int peer;  /* node index */
@@ -51,7 +54,7 @@ struct topo_link {
 struct topo_node {
   int type;        /* enum topo_type */
   int parent;      /* PCI tree: the node above (a bridge or the CPU); -1 for CPUs */
-  char busid[16];  /* PCI devices: "0000:19:00.0" (lowercase) */
+  char busid[TOPO_BUSID_LEN]; /* PCI devices: "0000:19:00.0" (lowercase) */
   int numa;        /* the NUMA node of the CPU it hangs under */
   /* GPU */
   int dev;         /* CUDA/NVML ordinal at discovery, -1 if unknown */
