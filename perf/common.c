@@ -94,6 +94,8 @@ typedef struct {
   char *scratch;                              /* device memory for values combined across ranks */
   double bw_sum;
   int bw_count, errors, reports_left;
+  int64_t rss_max, rss_sum; /* rank 0: peak RSS beyond the buffers, over all ranks (KiB) */
+  int rss_max_rank;
   uint64_t seq;
   char label[160]; /* what is running, for messages */
   pthread_t tid;
@@ -609,6 +611,44 @@ static void time_test(rank_t *r, ncclDataType_t type, perf_op op, int root) {
   if (op == PERF_OP_MULSUM) NCCL_OR_DIE(r, ncclRedOpDestroy(c.op, r->comm));
 }
 
+/* The process's peak resident set (VmHWM) in KiB, or -1. */
+static int64_t process_hwm_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+  fclose(f);
+  return kib;
+}
+
+/* What the library (and the process around it) holds beyond the two
+ * buffers the benchmark allocated per rank: the process's peak resident
+ * set, shared-memory FIFOs the rank touched included, less the threads'
+ * buffers, split evenly between the process's ranks. Gathered so that
+ * rank 0 reports the worst rank. Called after every test, before
+ * teardown, while the communicator still works. */
+static void peak_rss(rank_t *r) {
+  barrier(r);
+  int64_t hwm = process_hwm_kib();
+  int64_t mine = hwm < 0 ? -1 : (hwm - (int64_t)cfg.nthreads * (int64_t)(2 * r->alloc_bytes / 1024)) / cfg.nthreads;
+  int64_t *all = calloc((size_t)nranks, sizeof *all);
+  if (all == NULL) die(r, "out of memory");
+  NCCL_OR_DIE(r, ncclAllGather(dev_in(r, &mine, sizeof mine), dev_out(r, all), 1, ncclInt64, r->comm, r->stream));
+  dev_done(r, all, (size_t)nranks * sizeof *all);
+  r->rss_max = -1;
+  r->rss_sum = 0;
+  for (int i = 0; i < nranks; i++) {
+    if (all[i] > r->rss_max) {
+      r->rss_max = all[i];
+      r->rss_max_rank = i;
+    }
+    r->rss_sum += all[i];
+  }
+  free(all);
+}
+
 static void *rank_main(void *arg) {
   rank_t *r = arg;
   snprintf(r->label, sizeof(r->label), "communicator setup");
@@ -655,6 +695,7 @@ static void *rank_main(void *arg) {
       for (int root = root_lo; root <= root_hi; root++)
         time_test(r, (ncclDataType_t)types[ti], (perf_op)ops[oi], root);
 
+  peak_rss(r);
   snprintf(r->label, sizeof(r->label), "communicator teardown");
   NCCL_OR_DIE(r, ncclCommDestroy(r->comm));
   r->comm = NULL;
@@ -727,6 +768,9 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
     printf("# Out of bounds values : %d %s\n", r0->errors, r0->errors ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g %s\n", avg_bw,
            min_env ? (bw_failed ? "FAILED" : "OK") : "");
+    if (r0->rss_max >= 0)
+      printf("# Peak RSS per rank beyond the benchmark's buffers: max %.1f MiB (rank %d), mean %.1f MiB\n",
+             r0->rss_max / 1024.0, r0->rss_max_rank, r0->rss_sum / 1024.0 / nranks);
     printf("#\n");
   }
   int rc = (r0->errors || bw_failed) ? 1 : 0;

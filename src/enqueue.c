@@ -419,6 +419,7 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
   uint64_t last_moved = time_ns(), next_check = last_moved + 100000000ull;
   for (;;) {
     int moved = 0, active = 0;
+    struct work *only = NULL; /* the head work of the one active lane */
     for (int i = 0; i < n; i++) {
       struct comm_plan *p = &plans[i];
       for (int l = 0; l < p->nlanes; l++) {
@@ -444,7 +445,10 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
           work_free(w);
           moved = 1;
         }
-        active += lane->head != NULL;
+        if (lane->head) {
+          active++;
+          only = lane->head;
+        }
       }
     }
     if (!active)
@@ -461,7 +465,15 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
       next_check = now + 100000000ull;
       CHECK(check_stalled(plans, n, now - last_moved));
     }
-    wait_pause(&wt);
+    /* One work blocked on one shared-memory FIFO can sleep until its peer
+     * moves it; with several, each may be the one to move first. */
+    _Atomic uint64_t *counter;
+    _Atomic uint32_t *sleepers;
+    uint64_t seen;
+    if (active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
+      wait_sleep_on(&wt, counter, seen, sleepers);
+    else
+      wait_pause(&wt);
   }
 }
 

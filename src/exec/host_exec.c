@@ -99,10 +99,13 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   }
   if (send) {
     fill_hdr(w, fifo_hdr(&sc->fifo, sc->step), bytes);
-    atomic_store_explicit(sc->fifo.tail, ++sc->step, memory_order_release);
+    atomic_store_explicit(sc->fifo.tail, ++sc->step, memory_order_seq_cst);
+    fifo_wake(sc->fifo.tail, sc->fifo.tail_sleepers);
   }
-  if (recv)
-    atomic_store_explicit(rc->fifo.head, ++rc->step, memory_order_release);
+  if (recv) {
+    atomic_store_explicit(rc->fifo.head, ++rc->step, memory_order_seq_cst);
+    fifo_wake(rc->fifo.head, rc->fifo.head_sleepers);
+  }
   w->step_off += n;
   *moved = 1;
   return ncclSuccess;
@@ -131,6 +134,31 @@ int exec_flushed(const struct work *w) {
     if (w->sends[i] && !w->sends[i]->tr->flushed(w->sends[i]))
       return 0;
   return 1;
+}
+
+int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
+  if (w->step >= w->sched.nsteps)
+    return 0;
+  const struct step *st = &w->sched.steps[w->step];
+  struct conn *rc = step_recvs(st->kind) ? w->recvs[st->ri] : NULL;
+  struct conn *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
+  if (rc && atomic_load(rc->fifo.tail) <= rc->step) {
+    if (!rc->fifo.tail_sleepers)
+      return 0;
+    *counter = rc->fifo.tail;
+    *seen = rc->step;
+    *sleepers = rc->fifo.tail_sleepers;
+    return 1;
+  }
+  if (sc && sc->step - atomic_load(sc->fifo.head) >= NCCL_STEPS) {
+    if (!sc->fifo.head_sleepers)
+      return 0;
+    *counter = sc->fifo.head;
+    *seen = sc->step - NCCL_STEPS;
+    *sleepers = sc->fifo.head_sleepers;
+    return 1;
+  }
+  return 0;
 }
 
 int exec_waiting_on(const struct work *w, struct conn **out) {

@@ -52,6 +52,12 @@ int exec_flushed(const struct work *w);
  * and exited has done nothing wrong. */
 int exec_waiting_on(const struct work *w, struct conn **out);
 
+/* Where the work's thread may sleep until a peer moves a FIFO counter:
+ * the counter, the value it has while the work is blocked, and its
+ * sleeper count. 0 where the work waits on something it cannot sleep on
+ * (its own network progress, a GPU) or is not blocked on one FIFO. */
+int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers);
+
 /* A sentence fragment saying what the work waits for, for timeouts. */
 void exec_describe_wait(const struct work *w, char *buf, size_t len);
 

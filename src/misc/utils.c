@@ -3,10 +3,14 @@
 #include "misc/utils.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 uint64_t time_ns(void) {
@@ -76,6 +80,37 @@ void wait_pause(struct waiter *w) {
   }
   struct timespec ts = {0, 50000};
   nanosleep(&ts, NULL);
+}
+
+/* Shared (not private) futexes: the words live in memory mapped by
+ * several processes. */
+void util_futex_wake_all(_Atomic uint32_t *word) { syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _Atomic uint32_t *sleepers) {
+  w->spins++;
+  if (w->spins < 64) {
+    cpu_relax();
+    return;
+  }
+  uint64_t now = time_ns();
+  if (w->since_ns == 0)
+    w->since_ns = now;
+  /* A short wait is cheaper to yield through than to sleep and be woken;
+   * past it, a sleeping rank leaves its core to the ranks that have work,
+   * which is what keeps oversubscribed hosts going. */
+  if (now - w->since_ns < 50000ull) {
+    sched_yield();
+    return;
+  }
+  /* The sleeper count goes up before the counter is read again, and the
+   * peer moves the counter before it reads the count: one of the two sees
+   * the other (both sequentially consistent). */
+  atomic_fetch_add(sleepers, 1);
+  if (atomic_load(counter) == seen) {
+    struct timespec ts = {0, 1000000};
+    syscall(SYS_futex, (uint32_t *)util_low_word(counter), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+  }
+  atomic_fetch_sub(sleepers, 1);
 }
 
 ncclResult_t util_calloc(void **ptr, size_t n, size_t size, const char *what) {

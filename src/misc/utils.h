@@ -6,6 +6,7 @@
 #define LOOM_UTILS_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "nccl.h"
@@ -29,6 +30,18 @@ struct waiter {
 };
 void wait_reset(struct waiter *w);
 void wait_pause(struct waiter *w);
+/* Like wait_pause while `*counter == seen`, but where wait_pause would
+ * yield for long, sleeps on the counter (a futex on its low word) until
+ * the peer that moves it wakes this thread, at most a millisecond so the
+ * caller's periodic checks still run. `sleepers` counts the sleeping
+ * threads, for the peer's fifo_wake. */
+void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _Atomic uint32_t *sleepers);
+
+/* The futex word of a 64-bit counter: its low half. */
+static inline _Atomic uint32_t *util_low_word(_Atomic uint64_t *p) {
+  return (_Atomic uint32_t *)p + (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__);
+}
+void util_futex_wake_all(_Atomic uint32_t *word);
 
 /* Allocation helpers that record a sentence on failure. */
 ncclResult_t util_calloc(void **ptr, size_t n, size_t size, const char *what);

@@ -25,10 +25,14 @@
 /* Counters on their own cache lines: the sender writes tail, the receiver
  * head, and neither should slow the other down. */
 struct shm_ctrl {
+  /* Each counter shares its line with the count of its sleepers: the
+   * side that moves the counter reads that count right after. */
   _Atomic uint64_t tail;
-  char pad0[LOOM_CACHE_LINE - sizeof(uint64_t)];
+  _Atomic uint32_t tail_sleepers;
+  char pad0[LOOM_CACHE_LINE - sizeof(uint64_t) - sizeof(uint32_t)];
   _Atomic uint64_t head;
-  char pad1[LOOM_CACHE_LINE - sizeof(uint64_t)];
+  _Atomic uint32_t head_sleepers;
+  char pad1[LOOM_CACHE_LINE - sizeof(uint64_t) - sizeof(uint32_t)];
   _Atomic uint32_t failed[2]; /* indexed by the failing side's conn_dir */
 };
 
@@ -62,8 +66,11 @@ static ncclResult_t shm_attach(struct conn *c, struct shm_priv *sp, size_t capac
   c->fifo.stride = SLOT_HDR_BYTES + capacity;
   c->fifo.tail = &ctrl->tail;
   c->fifo.head = &ctrl->head;
-  if (c->comm->is_host)
+  if (c->comm->is_host) {
+    c->fifo.tail_sleepers = &ctrl->tail_sleepers;
+    c->fifo.head_sleepers = &ctrl->head_sleepers;
     return ncclSuccess;
+  }
   CHECK(cuda_host_register(sp->map, sp->size, &sp->dev_map, "a shared-memory FIFO"));
   char *d = sp->dev_map;
   c->dev.base = d + SHM_DATA_OFFSET;

@@ -208,6 +208,11 @@ out:
   return r;
 }
 
+void fifo_wake(_Atomic uint64_t *counter, _Atomic uint32_t *sleepers) {
+  if (sleepers && atomic_load(sleepers))
+    util_futex_wake_all(util_low_word(counter));
+}
+
 void transport_free_conn(struct conn *c) {
   if (!c)
     return;

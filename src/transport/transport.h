@@ -32,7 +32,15 @@ struct fifo {
   size_t capacity;     /* payload bytes per slot */
   _Atomic uint64_t *tail;
   _Atomic uint64_t *head;
+  /* How many threads sleep on tail / head (futex on the counter's low
+   * word), where the FIFO is shared memory between host ranks; NULL
+   * where nobody can sleep on it (network, GPU). */
+  _Atomic uint32_t *tail_sleepers;
+  _Atomic uint32_t *head_sleepers;
 };
+
+/* After moving a FIFO counter: wakes a peer asleep on it. */
+void fifo_wake(_Atomic uint64_t *counter, _Atomic uint32_t *sleepers);
 
 static inline struct slot_hdr *fifo_hdr(const struct fifo *f, uint64_t step) {
   return (struct slot_hdr *)(f->base + (step % NCCL_STEPS) * f->stride);
