@@ -34,7 +34,8 @@ ncclResult_t bootstrap_local_address(union sock_addr *addr, char *ifname, size_t
 }
 
 ncclResult_t bootstrap_create_root_id(ncclUniqueId *out) {
-  struct boot_id id = {0};
+  struct boot_id id;
+  memset(&id, 0, sizeof id); /* padding too: the id travels as bytes */
   memcpy(id.magic, id_magic, sizeof id.magic);
   char ifname[IF_NAMESIZE], a[SOCK_ADDR_STRLEN];
   union sock_addr bind_addr;
@@ -50,7 +51,8 @@ ncclResult_t bootstrap_create_root_id(ncclUniqueId *out) {
 ncclResult_t bootstrap_get_unique_id(ncclUniqueId *out) {
   if (!param_is_set(P_COMM_ID))
     return bootstrap_create_root_id(out);
-  struct boot_id id = {0};
+  struct boot_id id;
+  memset(&id, 0, sizeof id); /* padding too: the id travels as bytes */
   memcpy(id.magic, id_magic, sizeof id.magic);
   const char *s = param_str(P_COMM_ID);
   if (sock_parse_addr(s, &id.root) != ncclSuccess) {

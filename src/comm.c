@@ -105,8 +105,12 @@ void comm_destroy_all(struct ncclComm *comm) {
   free(comm->user_ops);
   for (struct task *t = comm->tasks_head, *n; t; t = n) {
     n = t->next;
-    free(t);
+    if (t != comm->task_inline)
+      free(t);
   }
+  free(comm->task_inline);
+  comm_free_works(comm);
+  free(comm->lanes);
   comm->magic = 0;
   free(comm);
 }

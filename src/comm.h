@@ -101,6 +101,13 @@ struct ncclComm {
 
   /* Group bookkeeping (owned by the thread in the group). */
   struct task *tasks_head, *tasks_tail;
+  /* Reused from call to call so that a small collective allocates
+   * nothing: the lanes of a launch, finished works (with their schedule
+   * buffers), and the task of a call made outside a group. */
+  struct lane *lanes;
+  struct work *free_works;
+  struct task *task_inline; /* allocated on first use */
+  int task_inline_used;
   struct ncclComm *group_next;
   int in_group;
 };
@@ -114,6 +121,8 @@ void comm_set_error(struct ncclComm *comm, ncclResult_t res);
 
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);
+/* Releases the works a communicator keeps for reuse (enqueue.c). */
+void comm_free_works(struct ncclComm *comm);
 
 /* The API layer's exit: on failure copy this thread's sentence into the
  * communicator (and the process-wide last error), and log it once. */

@@ -65,14 +65,33 @@ static void lane_push(struct lane *l, struct work *w) {
   l->tail = w;
 }
 
+/* Works go back to their communicator, schedule buffer and all: a small
+ * collective then costs no allocation (comm_free_works releases them). */
 static void work_free(struct work *w) {
-  schedule_free(&w->sched);
-  free(w);
+  w->next = w->comm->free_works;
+  w->comm->free_works = w;
+}
+
+void comm_free_works(struct ncclComm *comm) {
+  for (struct work *w = comm->free_works, *n; w; w = n) {
+    n = w->next;
+    schedule_free(&w->sched);
+    free(w);
+  }
+  comm->free_works = NULL;
 }
 
 static ncclResult_t new_work(struct ncclComm *comm, struct task *t, uint64_t seq, struct work **out) {
-  struct work *w;
-  CHECK(UTIL_CALLOC(&w, 1, "a work item"));
+  struct work *w = comm->free_works;
+  if (w) {
+    comm->free_works = w->next;
+    struct schedule keep = w->sched;
+    memset(w, 0, sizeof *w);
+    w->sched = keep;
+    w->sched.nsteps = 0;
+  } else {
+    CHECK(UTIL_CALLOC(&w, 1, "a work item"));
+  }
   w->comm = comm;
   w->task = t;
   w->seq = seq;
@@ -208,7 +227,7 @@ static ncclResult_t connect_collectives(struct ncclComm *comm) {
       CHECK(transport_get_conn(comm, CONN_TREE, ch, peers[k], CONN_RECV, &c));
     }
   }
-  struct schedule s;
+  struct schedule s = {0};
   struct sched_peers pe;
   CHECK(rd_schedule(comm->rank, comm->nranks, 1, &s, &pe));
   schedule_free(&s);
@@ -309,7 +328,10 @@ static ncclResult_t plan_comm(struct comm_plan *p) {
                      "%p here)",
                      comm->rank, comm->tasks_head->stream, t->stream);
   p->nlanes = comm->nchannels + 2 * comm->nranks;
-  CHECK(UTIL_CALLOC(&p->lanes, p->nlanes, "lanes"));
+  if (!comm->lanes)
+    CHECK(UTIL_CALLOC(&comm->lanes, p->nlanes, "lanes"));
+  p->lanes = comm->lanes;
+  memset(p->lanes, 0, sizeof *p->lanes * (size_t)p->nlanes);
   CHECK(run_self(comm));
   for (struct task *t = comm->tasks_head; t; t = t->next) {
     if (t->coll == COLL_SEND || t->coll == COLL_RECV) {
@@ -416,7 +438,10 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
 static ncclResult_t run(struct comm_plan *plans, int n) {
   struct waiter wt;
   wait_reset(&wt);
-  uint64_t last_moved = time_ns(), next_check = last_moved + 100000000ull;
+  /* The clock is read only every few idle rounds: a small collective
+   * that completes within its first polls never reads it. */
+  uint64_t last_moved = 0, next_check = 0;
+  unsigned idle = 0;
   for (;;) {
     int moved = 0, active = 0;
     struct work *only = NULL; /* the head work of the one active lane */
@@ -456,21 +481,26 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
     if (moved) {
       wait_reset(&wt);
       last_moved = 0;
+      idle = 0;
       continue;
     }
-    uint64_t now = time_ns();
-    if (last_moved == 0)
-      last_moved = now;
-    if (now >= next_check) {
-      next_check = now + 100000000ull;
-      CHECK(check_stalled(plans, n, now - last_moved));
+    if ((++idle & 31) == 0) {
+      uint64_t now = time_ns();
+      if (next_check == 0)
+        next_check = now + 100000000ull;
+      if (last_moved == 0)
+        last_moved = now;
+      if (now >= next_check) {
+        next_check = now + 100000000ull;
+        CHECK(check_stalled(plans, n, now - last_moved));
+      }
     }
     /* One work blocked on one shared-memory FIFO can sleep until its peer
      * moves it; with several, each may be the one to move first. */
     _Atomic uint64_t *counter;
     _Atomic uint32_t *sleepers;
     uint64_t seen;
-    if (active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
+    if (wt.spins >= 64 && active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
       wait_sleep_on(&wt, counter, seen, sleepers);
     else
       wait_pause(&wt);
@@ -484,9 +514,9 @@ static void plans_free(struct comm_plan *plans, int n) {
         nx = w->next;
         work_free(w);
       }
-    free(plans[i].lanes);
+    if (plans[i].lanes)
+      memset(plans[i].lanes, 0, sizeof *plans[i].lanes * (size_t)plans[i].nlanes);
   }
-  free(plans);
 }
 
 /* Host communicators run here and now; CUDA ones are enqueued on their
@@ -515,8 +545,11 @@ static ncclResult_t execute(struct comm_plan *plans, int n) {
 }
 
 ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
-  struct comm_plan *plans;
-  CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
+  struct comm_plan few[8], *plans = few;
+  if (ncomms > 8)
+    CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
+  else
+    memset(few, 0, sizeof few);
   ncclResult_t r = ncclSuccess;
   int any_cuda = 0;
   for (int i = 0; i < ncomms; i++)
@@ -537,6 +570,8 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   if (r == ncclSuccess)
     r = execute(plans, ncomms);
   plans_free(plans, ncomms);
+  if (plans != few)
+    free(plans);
   cuda_restore_device(saved_dev);
   return r;
 }

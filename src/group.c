@@ -27,8 +27,10 @@ void group_record_error(ncclResult_t res) {
 static void free_tasks(struct ncclComm *comm) {
   for (struct task *t = comm->tasks_head, *n; t; t = n) {
     n = t->next;
-    free(t);
+    if (t != comm->task_inline)
+      free(t);
   }
+  comm->task_inline_used = 0;
   comm->tasks_head = comm->tasks_tail = NULL;
 }
 
@@ -48,8 +50,9 @@ static ncclResult_t launch(struct ncclComm *list) {
     n++;
   if (n == 0)
     return ncclSuccess;
-  struct ncclComm **comms;
-  CHECK(UTIL_CALLOC(&comms, n, "group communicators"));
+  struct ncclComm *few[8], **comms = few;
+  if (n > 8)
+    CHECK(UTIL_CALLOC(&comms, n, "group communicators"));
   n = 0;
   for (struct ncclComm *c = list; c; c = c->group_next)
     comms[n++] = c;
@@ -63,12 +66,21 @@ static ncclResult_t launch(struct ncclComm *list) {
     comms[i]->group_next = NULL;
   }
   log_set_rank(rank);
-  free(comms);
+  if (comms != few)
+    free(comms);
   return r;
 }
 
 ncclResult_t group_enqueue(struct ncclComm *comm, const struct task *t) {
-  struct task *copy = malloc(sizeof *copy);
+  /* The first task of a launch lives in the communicator: a call outside
+   * a group allocates nothing. */
+  if (!comm->task_inline)
+    comm->task_inline = malloc(sizeof *comm->task_inline);
+  struct task *copy = comm->task_inline;
+  if (comm->task_inline_used || !copy)
+    copy = malloc(sizeof *copy);
+  else
+    comm->task_inline_used = 1;
   if (!copy)
     return err_set(ncclSystemError, "out of memory queueing an operation");
   *copy = *t;

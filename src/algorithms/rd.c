@@ -6,7 +6,7 @@
 #include <string.h>
 
 ncclResult_t rd_schedule(int rank, int nranks, size_t count, struct schedule *out, struct sched_peers *peers) {
-  memset(out, 0, sizeof *out);
+  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
   memset(peers, 0, sizeof *peers);
   if (nranks < 2 || count == 0)
     return err_set(ncclInternalError, "recursive doubling asked for %d ranks and %zu elements", nranks, count);

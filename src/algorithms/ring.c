@@ -111,7 +111,7 @@ static ncclResult_t reduce(const struct ring_args *a, struct schedule *s) {
 }
 
 ncclResult_t ring_schedule(const struct ring_args *a, struct schedule *out) {
-  memset(out, 0, sizeof *out);
+  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
   if (a->len == 0)
     return ncclSuccess;
   if (a->chunk == 0 || a->align == 0 || a->nranks < 1)

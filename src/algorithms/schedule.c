@@ -50,6 +50,6 @@ void schedule_channel_range(size_t total, int c, int nchannels, size_t align, si
 /* Point to point: the whole message is one step, cut into slots by the
  * executor like any other. */
 ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out) {
-  memset(out, 0, sizeof *out);
+  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
   return schedule_push(out, coll == COLL_SEND ? STEP_SEND : STEP_RECV, 0, 0, 0, count);
 }

@@ -53,6 +53,10 @@ struct sched_peers {
   int send[WORK_MAX_PEERS], recv[WORK_MAX_PEERS];
 };
 
+/* The builders (ring_schedule, tree_schedule, rd_schedule,
+ * p2p_schedule) take a zeroed schedule or one they filled before, whose
+ * steps buffer they reuse: a communicator's works keep theirs from call
+ * to call. */
 struct schedule {
   int nsteps, cap;
   struct step *steps;

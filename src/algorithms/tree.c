@@ -7,7 +7,7 @@
 
 ncclResult_t tree_schedule(int parent, const int *children, int nchildren, size_t off, size_t len, size_t chunk,
                            struct schedule *out, struct sched_peers *peers) {
-  memset(out, 0, sizeof *out);
+  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
   memset(peers, 0, sizeof *peers);
   if (nchildren + 1 > WORK_MAX_PEERS || chunk == 0)
     return err_set(ncclInternalError, "tree schedule with %d children and chunk %zu", nchildren, chunk);

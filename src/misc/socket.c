@@ -228,6 +228,8 @@ ncclResult_t sock_listen(const union sock_addr *bind_addr, int *fd, union sock_a
     return err_set(ncclSystemError, "listen on %s failed: %s", sock_addr_str(bind_addr, a, sizeof a), strerror(e));
   }
   socklen_t len = sizeof *bound;
+  /* The kernel fills only its family's length; the rest travels in ids. */
+  memset(bound, 0, sizeof *bound);
   getsockname(s, &bound->sa, &len);
   *fd = s;
   return ncclSuccess;
