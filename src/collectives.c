@@ -120,8 +120,10 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
     int me_root = t->root == comm->rank;
     int need_send = t->coll != COLL_RECV && (t->coll != COLL_BROADCAST || me_root);
     int need_recv = t->coll != COLL_SEND && (t->coll != COLL_REDUCE || me_root);
-    /* ncclBcast has one buffer argument, and the sentence names it. */
-    int bcast = strcmp(func, "ncclBcast") == 0;
+    /* ncclBcast has one buffer argument, and the sentence names it; the
+     * name is only compared where a sentence may be needed. */
+    int bcast = ((need_send && !t->sendbuff) || (need_recv && !t->recvbuff) || !comm->is_host) &&
+                strcmp(func, "ncclBcast") == 0;
     if (need_send && t->sendbuff == NULL)
       return err_set(ncclInvalidArgument, "%s: %s is NULL (count %zu)", func, bcast ? "buff" : "sendbuff", t->count);
     if (need_recv && t->recvbuff == NULL)

@@ -11,21 +11,18 @@
 #include <string.h>
 
 static const struct {
-  size_t size;
   const char *name;
   int is_float;
 } types[ncclNumTypes] = {
-    [ncclInt8] = {1, "int8", 0},          [ncclUint8] = {1, "uint8", 0},
-    [ncclInt32] = {4, "int32", 0},        [ncclUint32] = {4, "uint32", 0},
-    [ncclInt64] = {8, "int64", 0},        [ncclUint64] = {8, "uint64", 0},
-    [ncclFloat16] = {2, "half", 1},       [ncclFloat32] = {4, "float", 1},
-    [ncclFloat64] = {8, "double", 1},     [ncclBfloat16] = {2, "bfloat16", 1},
-    [ncclFloat8e4m3] = {1, "f8e4m3", 1},  [ncclFloat8e5m2] = {1, "f8e5m2", 1},
+    [ncclInt8] = {"int8", 0},          [ncclUint8] = {"uint8", 0},
+    [ncclInt32] = {"int32", 0},        [ncclUint32] = {"uint32", 0},
+    [ncclInt64] = {"int64", 0},        [ncclUint64] = {"uint64", 0},
+    [ncclFloat16] = {"half", 1},       [ncclFloat32] = {"float", 1},
+    [ncclFloat64] = {"double", 1},     [ncclBfloat16] = {"bfloat16", 1},
+    [ncclFloat8e4m3] = {"f8e4m3", 1},  [ncclFloat8e5m2] = {"f8e5m2", 1},
 };
 
 static int valid(int dtype) { return dtype >= 0 && dtype < ncclNumTypes; }
-
-size_t dtype_size(int dtype) { return valid(dtype) ? types[dtype].size : 0; }
 
 const char *dtype_name(int dtype) { return valid(dtype) ? types[dtype].name : "unknown"; }
 

@@ -13,8 +13,15 @@
 
 #include "nccl.h"
 
-/* 0 for a value that is not a datatype. */
-size_t dtype_size(int dtype);
+/* 0 for a value that is not a datatype. Inline: every call plans with it. */
+static inline size_t dtype_size(int dtype) {
+  static const unsigned char sizes[ncclNumTypes] = {
+      [ncclInt8] = 1,    [ncclUint8] = 1,    [ncclInt32] = 4,     [ncclUint32] = 4,
+      [ncclInt64] = 8,   [ncclUint64] = 8,   [ncclFloat16] = 2,   [ncclFloat32] = 4,
+      [ncclFloat64] = 8, [ncclBfloat16] = 2, [ncclFloat8e4m3] = 1, [ncclFloat8e5m2] = 1,
+  };
+  return dtype >= 0 && dtype < ncclNumTypes ? sizes[dtype] : 0;
+}
 /* nccl-tests' names: int8 uint8 int32 uint32 int64 uint64 half float double
  * bfloat16 f8e4m3 f8e5m2; "unknown" otherwise. */
 const char *dtype_name(int dtype);
