@@ -229,7 +229,7 @@ for n in $ranks; do
     for threads in 1 2; do
       [ "$threads" -gt "$ncores" ] && continue
       "$out/bin/memcpy_bw" 256 7 "$threads" |
-        awk -v r="$r" '$1 == "memcpy" { print "memcpy,memcpy," $2 "," r "," $3 * 1048576 ",," $4 ",," }' >>"$raw"
+        awk -v r="$r" '$1 == "memcpy" { print "memcpy,memcpy," $2 "," r "," $3 * 1048576 ",," $5 ",," }' >>"$raw"
     done
     args=(-b "$minb" -e "$maxb" -f "$factor" -w "$warmup" -n "$iters")
     # Open MPI's own ranks get no binding (more ranks than cores) and the

@@ -126,3 +126,24 @@ TEST_IMPL(tools_params_documented) {
   ASSERT(rows >= 20);
   return 0;
 }
+
+/* perf/compare_host.sh in its quick form, with Loom alone (the peers need
+ * packages CI does not install): its parsing and tables keep working. */
+TEST_IMPL(perf_compare_host_quick) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    printf("no /usr/bin/python3: the comparison's tables cannot be made here\n");
+    return 0;
+  }
+  char outdir[] = "/tmp/loom-compare-XXXXXX";
+  ASSERT(mkdtemp(outdir));
+  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--peers", "loom", "--no-build",
+                  "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
+  int rc = run(argv, out, sizeof out);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", outdir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", outdir);
+  ASSERT_MSG(rc == 0, "compare_host.sh exited with %d", rc);
+  ASSERT(strstr(out, "== allreduce, 2 ranks") && strstr(out, "== reducescatter, 2 ranks"));
+  return 0;
+}
