@@ -162,7 +162,7 @@ summ_py=$py
   echo "Loom $(git describe --always --dirty 2>/dev/null || echo '(no git)') built in $build;" \
     "Open MPI $(want mpi_shm || want mpi_tcp && mpirun --version 2>/dev/null | sed -n '1s/.* //p' || echo -);" \
     "torch ${torch_version:--}"
-  echo "ranks: $ranks; sizes $minb..$maxb B by $factor; $warmup warmup + $iters timed calls; $rounds rounds"
+  echo "ranks: $ranks; sizes $minb..$maxb B by $factor; $warmup warmup + $iters timed calls; rounds: $rounds"
 } >"$meta"
 
 # ---- runs
