@@ -73,6 +73,9 @@ struct ncclComm {
   char local_cpus[128]; /* the CPUs near this rank's GPU, for its threads */
   struct tuner tuner;
   int nhosts;
+  uint64_t spin_ns; /* how long a host wait spins before yielding (LOOM_SPIN_US) */
+  size_t single_copy_min; /* LOOM_SHM_SINGLE_COPY, 0: off */
+  int single_copy_local;  /* ... and only between ranks of one process */
   /* The slowest chain link and the smallest NIC total of any rank's host
    * (GB/s, 0: none), for the tuner. */
   double topo_chain_gbs, topo_nic_gbs;

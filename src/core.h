@@ -38,6 +38,11 @@
 #define LOOM_DIV_UP(a, b) (((a) + (b) - 1) / (b))
 #define LOOM_ALIGN_UP(a, b) (LOOM_DIV_UP(a, b) * (b))
 
+/* Thread-local words read on every call: the initial-exec model reads
+ * them without a __tls_get_addr call. They are few and small, so they fit
+ * the static TLS that glibc keeps for libraries loaded with dlopen. */
+#define LOOM_TLS_FAST __thread __attribute__((tls_model("initial-exec")))
+
 /* Every FIFO has this many slots, as in NCCL. */
 #define NCCL_STEPS 8
 #define LOOM_MAX_CHANNELS 32

@@ -437,7 +437,10 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
 
 static ncclResult_t run(struct comm_plan *plans, int n) {
   struct waiter wt;
-  wait_reset(&wt);
+  uint64_t spin = n > 0 ? plans[0].comm->spin_ns : 0;
+  for (int i = 1; i < n; i++)
+    spin = LOOM_MIN(spin, plans[i].comm->spin_ns);
+  wait_init(&wt, spin);
   /* The clock is read only every few idle rounds: a small collective
    * that completes within its first polls never reads it. */
   uint64_t last_moved = 0, next_check = 0;
@@ -505,6 +508,74 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
     else
       wait_pause(&wt);
   }
+}
+
+/* The shape of a call, as far as its schedule and connections go. */
+static int key_matches(const struct work *w, const struct task *t) {
+  return w->key.coll == t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype && w->key.root == t->root;
+}
+
+static void plans_free(struct comm_plan *plans, int n);
+
+/* Small collectives are most of a training step's calls, and their
+ * latency is mostly this code: a call with the same shape as the last one
+ * takes its work back from the communicator as it is (schedule,
+ * connections, slot size), with no task copy, plan or tuner. Only calls
+ * whose work is one lane's come here; the first collective, which sets
+ * up the connections, never does. */
+ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled) {
+  *handled = 0;
+  if (t->coll == COLL_SEND || t->coll == COLL_RECV || (comm->nranks > 1 && !comm->coll_conns))
+    return ncclSuccess;
+  struct work *w = comm->free_works;
+  int hit = w && key_matches(w, t);
+  int algo = ALGO_RING, nch = 1;
+  if (!hit && comm->nranks > 1 && t->count > 0) {
+    size_t bytes = t->count * dtype_size(t->dtype);
+    if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
+      bytes *= (size_t)comm->nranks;
+    CHECK(tuner_pick(&comm->tuner, t->coll, bytes, &algo, &nch, NULL));
+    if (nch != 1 && algo != ALGO_RD)
+      return ncclSuccess;
+  }
+  *handled = 1;
+  uint64_t seq = comm->coll_seq++;
+  if (t->count == 0)
+    return ncclSuccess;
+  struct lane lane = {0};
+  struct comm_plan p = {.comm = comm, .lanes = &lane, .nlanes = 1};
+  ncclResult_t r = ncclSuccess;
+  if (hit) {
+    comm->free_works = w->next;
+    w->task = t;
+    w->seq = seq;
+    w->src = t->sendbuff;
+    w->dst = t->recvbuff;
+    w->step = 0;
+    w->step_off = 0;
+    w->next = NULL;
+    lane_push(&lane, w);
+  } else {
+    r = algo == ALGO_TREE ? plan_tree(&p, t, seq, 1) : algo == ALGO_RD ? plan_rd(&p, t, seq) : plan_ring(&p, t, seq, 1);
+    if (r != ncclSuccess) {
+      char desc[200];
+      task_describe(t, desc, sizeof desc);
+      err_context("rank %d, preparing %s", comm->rank, desc);
+    } else if (lane.head) {
+      lane.head->key.coll = t->coll + 1;
+      lane.head->key.count = t->count;
+      lane.head->key.dtype = t->dtype;
+      lane.head->key.root = t->root;
+      r = transport_connect_pending(&comm, 1);
+    }
+  }
+  if (r == ncclSuccess)
+    r = run(&p, 1);
+  if (r != ncclSuccess) {
+    plans_free(&p, 1);
+    comm_set_error(comm, r);
+  }
+  return r;
 }
 
 static void plans_free(struct comm_plan *plans, int n) {

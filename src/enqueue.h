@@ -40,6 +40,11 @@ struct task {
 /* Runs the tasks queued on these communicators (the end of a group). */
 ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms);
 
+/* A host collective called outside a group, with nothing else queued:
+ * runs it at once where its work is one lane's (*handled = 1), and
+ * leaves it to the group path otherwise (*handled = 0). */
+ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled);
+
 /* Describes a task in a sentence fragment, for error messages. */
 void task_describe(const struct task *t, char *buf, size_t len);
 

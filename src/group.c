@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static __thread int depth;
-static __thread struct ncclComm *comms_head;
-static __thread struct group_job *jobs_head, *jobs_tail;
-static __thread ncclResult_t first_error;
+static LOOM_TLS_FAST int depth;
+static LOOM_TLS_FAST struct ncclComm *comms_head;
+static LOOM_TLS_FAST struct group_job *jobs_head, *jobs_tail;
+static LOOM_TLS_FAST ncclResult_t first_error;
 static __thread char first_error_msg[LOOM_ERR_LEN];
 
 int group_depth(void) { return depth; }
@@ -71,7 +71,13 @@ static ncclResult_t launch(struct ncclComm *list) {
   return r;
 }
 
-ncclResult_t group_enqueue(struct ncclComm *comm, const struct task *t) {
+ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t) {
+  if (depth == 0 && !comms_head && !comm->tasks_head && comm->is_host) {
+    int handled;
+    ncclResult_t r = enqueue_single(comm, t, &handled);
+    if (handled || r != ncclSuccess)
+      return r;
+  }
   /* The first task of a launch lives in the communicator: a call outside
    * a group allocates nothing. */
   if (!comm->task_inline)

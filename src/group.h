@@ -13,7 +13,7 @@
 int group_depth(void);
 
 /* Queues `t` (copied) on `comm`; outside a group it runs at once. */
-ncclResult_t group_enqueue(struct ncclComm *comm, const struct task *t);
+ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t);
 
 /* Communicator creation inside a group waits for the group's end, where
  * all such jobs run concurrently (one thread may create several ranks). */

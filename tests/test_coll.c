@@ -416,3 +416,23 @@ static int channels_test(int n, int socket, int nch, const char *algo) {
 TEST_IMPL(coll_channels_shm_3) { return channels_test(3, 0, 4, NULL); }
 TEST_IMPL(coll_channels_socket_2) { return channels_test(2, 1, 2, NULL); }
 TEST_IMPL(coll_channels_tree_shm_4) { return channels_test(4, 0, 2, "allreduce:tree"); }
+
+/* Single copy: with a threshold of one byte every slot that forwards data
+ * unchanged goes by reference (process_vm_readv between these processes),
+ * and the matrix checks every result. */
+static int single_copy_test(int n, const char *algo) {
+  setenv("LOOM_SHM_SINGLE_COPY", "1", 1);
+  if (algo)
+    return algo_test(n, 0, algo);
+  return coll_test(n, 0);
+}
+
+TEST_IMPL(coll_single_copy_shm_2) { return single_copy_test(2, NULL); }
+TEST_IMPL(coll_single_copy_shm_4) { return single_copy_test(4, NULL); }
+TEST_IMPL(coll_single_copy_tree_shm_4) { return single_copy_test(4, "allreduce:tree"); }
+
+/* Ranks that never spin (the oversubscribed setting) still complete. */
+TEST_IMPL(coll_no_spin_shm_3) {
+  setenv("LOOM_SPIN_US", "0", 1);
+  return coll_test(3, 0);
+}

@@ -7,9 +7,11 @@
 #include "exec/reduce.h"
 #include "transport/transport.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/uio.h>
 
 static void fill_hdr(const struct work *w, struct slot_hdr *h, size_t bytes) {
   slot_mine(w->task, w->seq, w->comm->rank, h);
@@ -29,6 +31,56 @@ static ncclResult_t check_hdr(const struct work *w, const struct conn *rc, const
   return slot_mismatch(&want, h, w->comm->rank, rc->peer, check_seq);
 }
 
+/* A payload posted by reference: read from the sender's buffer into `to`,
+ * the one copy it makes. */
+static ncclResult_t fetch_ref(const struct conn *rc, const char *slot, char *to, size_t bytes) {
+  struct slot_ref ref;
+  memcpy(&ref, slot, sizeof ref);
+  if (rc->fifo.ref_local) {
+    memcpy(to, (const char *)(uintptr_t)ref.addr, bytes);
+    return ncclSuccess;
+  }
+  for (size_t done = 0; done < bytes;) {
+    struct iovec local = {to + done, bytes - done}, remote = {(char *)(uintptr_t)ref.addr + done, bytes - done};
+    ssize_t n = process_vm_readv(rc->fifo.ref_pid, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : EFAULT;
+      return err_set(e == ESRCH ? ncclRemoteError : ncclSystemError,
+                     "reading %zu bytes straight from rank %d (%s, pid %d) failed: %s%s", bytes, rc->peer,
+                     rc->comm->peers[rc->peer].hostname, rc->fifo.ref_pid, strerror(e),
+                     e == EPERM ? " (this process may not read its peer's memory; LOOM_SHM_SINGLE_COPY=0 turns "
+                                  "single copy off)"
+                                : "");
+    }
+    done += (size_t)n;
+  }
+  return ncclSuccess;
+}
+
+/* What a send step may post by reference instead of copying: data that
+ * is final where it lies in a user buffer, so the rest of the call leaves
+ * it alone, and that the caller cannot change before the call returns,
+ * which waits for the receiver to release the slot (ref_until). A
+ * forwarded value (RECV_COPY_SEND, COPY_SEND) is final in the output; the
+ * input is, where the call never writes over it (AllGather, Broadcast);
+ * a reduction's result is, once final (the second half of ring AllReduce). */
+static const char *ref_source(const struct work *w, const struct step *st, const char *src, const char *dst,
+                              int transform) {
+  switch (st->kind) {
+  case STEP_RECV_COPY_SEND:
+  case STEP_COPY_SEND:
+    return dst;
+  case STEP_RECV_REDUCE_COPY_SEND:
+    return (st->flags & STEP_FINAL) ? dst : NULL;
+  case STEP_SEND:
+    return !transform && (w->task->coll == COLL_ALLGATHER || w->task->coll == COLL_BROADCAST) ? src : NULL;
+  default:
+    return NULL;
+  }
+}
+
 /* One slot's worth of the current step, if its FIFOs allow it now. */
 static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   int recv = step_recvs(st->kind), send = step_sends(st->kind);
@@ -40,9 +92,12 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   size_t n = LOOM_MIN(w->piece, st->nelem - w->step_off);
   size_t bytes = n * w->esize;
   const char *in = NULL;
+  int in_ref = 0;
   if (recv) {
-    CHECK(check_hdr(w, rc, fifo_hdr(&rc->fifo, rc->step), bytes));
+    const struct slot_hdr *h = fifo_hdr(&rc->fifo, rc->step);
+    CHECK(check_hdr(w, rc, h, bytes));
     in = fifo_data(&rc->fifo, rc->step);
+    in_ref = h->where == SLOT_BY_REF;
   }
   char *out = send ? fifo_data(&sc->fifo, sc->step) : NULL;
   const char *src_base = (st->flags & STEP_SRC_DST) ? w->dst : w->src;
@@ -60,24 +115,41 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
   /* Where the local input enters a reduction alone, PreMulSum and Avg
    * still have to be applied to it. */
   int transform = op->premul || (final && op->postdiv);
+  const char *ref = send && sc->fifo.ref_min && bytes >= sc->fifo.ref_min ? ref_source(w, st, src, dst, transform) : NULL;
+  /* A payload left in the sender's buffer lands in the output at once
+   * where the step only copies it, and in this side's own slot where it
+   * is reduced. */
+  int landed = 0;
+  if (in_ref && (st->kind == STEP_RECV || st->kind == STEP_RECV_COPY_SEND)) {
+    CHECK(fetch_ref(rc, in, dst, bytes));
+    landed = 1;
+  } else if (in_ref) {
+    CHECK(fetch_ref(rc, in, (char *)in, bytes));
+  }
   switch (st->kind) {
   case STEP_SEND:
+    if (ref)
+      break;
     if (transform)
       red_copy(op, out, NULL, src, n, final);
     else
       memcpy(out, src, bytes);
     break;
   case STEP_RECV:
-    memcpy(dst, in, bytes);
+    if (!landed)
+      memcpy(dst, in, bytes);
     break;
   case STEP_COPY_SEND:
-    memcpy(out, src, bytes);
+    if (!ref)
+      memcpy(out, src, bytes);
     if (dst != src)
       memcpy(dst, src, bytes);
     break;
   case STEP_RECV_COPY_SEND:
-    memcpy(out, in, bytes);
-    memcpy(dst, in, bytes);
+    if (!landed)
+      memcpy(dst, in, bytes);
+    if (!ref)
+      memcpy(out, dst, bytes);
     break;
   case STEP_RECV_REDUCE_SEND:
     red_reduce(op, out, NULL, in, src, n, 0);
@@ -86,7 +158,7 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
     red_reduce(op, dst, NULL, in, src, n, final);
     break;
   case STEP_RECV_REDUCE_COPY_SEND:
-    red_reduce(op, dst, out, in, src, n, final);
+    red_reduce(op, dst, ref ? NULL : out, in, src, n, final);
     break;
   case STEP_COPY:
     if (transform)
@@ -98,7 +170,14 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
     return err_set(ncclInternalError, "unknown step kind %d", st->kind);
   }
   if (send) {
-    fill_hdr(w, fifo_hdr(&sc->fifo, sc->step), bytes);
+    struct slot_hdr *h = fifo_hdr(&sc->fifo, sc->step);
+    fill_hdr(w, h, bytes);
+    if (ref) {
+      struct slot_ref r = {.addr = (uint64_t)(uintptr_t)ref};
+      memcpy(out, &r, sizeof r);
+      h->where = SLOT_BY_REF;
+      sc->ref_until = sc->step + 1;
+    }
     atomic_store_explicit(sc->fifo.tail, ++sc->step, memory_order_seq_cst);
     fifo_wake(sc->fifo.tail, sc->fifo.tail_sleepers);
   }
@@ -129,16 +208,36 @@ ncclResult_t exec_progress(struct work *w, int *moved, int *done) {
   return ncclSuccess;
 }
 
+/* Whether a send connection's posted slots no longer need this side:
+ * gone over the network, and those posted by reference released. */
+static int send_flushed(struct conn *c) {
+  if (c->ref_until && atomic_load_explicit(c->fifo.head, memory_order_acquire) < c->ref_until)
+    return 0;
+  return c->tr->flushed(c);
+}
+
 int exec_flushed(const struct work *w) {
   for (int i = 0; i < w->nsends; i++)
-    if (w->sends[i] && !w->sends[i]->tr->flushed(w->sends[i]))
+    if (w->sends[i] && !send_flushed(w->sends[i]))
       return 0;
   return 1;
 }
 
 int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
-  if (w->step >= w->sched.nsteps)
+  if (w->step >= w->sched.nsteps) {
+    /* Done but for a receiver still reading what was posted by reference. */
+    for (int i = 0; i < w->nsends; i++) {
+      struct conn *c = w->sends[i];
+      uint64_t head = c && c->ref_until ? atomic_load(c->fifo.head) : 0;
+      if (c && c->ref_until && head < c->ref_until && c->fifo.head_sleepers) {
+        *counter = c->fifo.head;
+        *seen = head;
+        *sleepers = c->fifo.head_sleepers;
+        return 1;
+      }
+    }
     return 0;
+  }
   const struct step *st = &w->sched.steps[w->step];
   struct conn *rc = step_recvs(st->kind) ? w->recvs[st->ri] : NULL;
   struct conn *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
@@ -165,7 +264,7 @@ int exec_waiting_on(const struct work *w, struct conn **out) {
   int n = 0;
   if (w->step >= w->sched.nsteps) {
     for (int i = 0; i < w->nsends; i++)
-      if (w->sends[i] && !w->sends[i]->tr->flushed(w->sends[i]))
+      if (w->sends[i] && !send_flushed(w->sends[i]))
         out[n++] = w->sends[i];
     return n;
   }

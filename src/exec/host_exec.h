@@ -31,6 +31,12 @@ struct work {
   uint64_t step_off; /* elements of the current step already moved */
   uint64_t seq;      /* the collective's number on its communicator */
   struct work *next;
+  /* What the schedule was built for, when enqueue_single may reuse it
+   * (coll + 1; 0: not reusable). */
+  struct {
+    int coll, dtype, root;
+    size_t count;
+  } key;
 };
 
 /* Works that share connections run in call order on one lane; lanes run

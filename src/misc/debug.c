@@ -16,7 +16,7 @@ unsigned log_subsys_now = LOG_INIT | LOG_BOOTSTRAP | LOG_ENV;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_file;
 static char log_host[64];
-static __thread int log_rank = -1;
+static LOOM_TLS_FAST int log_rank = -1;
 
 static const struct {
   const char *name;

@@ -58,23 +58,45 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+void wait_init(struct waiter *w, uint64_t spin_ns) {
+  w->spin_ns = spin_ns;
+  wait_reset(w);
+}
+
 void wait_reset(struct waiter *w) {
   w->spins = 0;
   w->since_ns = 0;
 }
 
-/* More ranks than cores is normal on CPU hosts: after a short spin the
+#define WAIT_SPUN (1u << 30) /* in spins: the spinning phase is over */
+
+/* Whether the wait is still in its spinning phase: a few pauses without
+ * the clock, then pauses for up to spin_ns. A rank with a core of its own
+ * answers fastest by spinning; one sched_yield already costs more than a
+ * small collective. since_ns is when the wait first read the clock. */
+static int wait_spin(struct waiter *w) {
+  if (w->spins < 64)
+    return 1;
+  if (w->since_ns == 0)
+    w->since_ns = time_ns();
+  if (w->spin_ns == 0 || (w->spins & WAIT_SPUN))
+    return 0;
+  if ((w->spins & 15) != 0 || time_ns() - w->since_ns < w->spin_ns)
+    return 1;
+  w->spins |= WAIT_SPUN; /* later calls skip the clock here */
+  return 0;
+}
+
+/* More ranks than cores is normal on CPU hosts: after spinning the
  * waiter gives the core away, and after a while it sleeps so that the
  * rank it waits for can run. */
 void wait_pause(struct waiter *w) {
   w->spins++;
-  if (w->spins < 64) {
+  if (wait_spin(w)) {
     cpu_relax();
     return;
   }
-  if (w->since_ns == 0)
-    w->since_ns = time_ns();
-  if (w->spins < 2048 || time_ns() - w->since_ns < 2000000ull) {
+  if ((w->spins & (WAIT_SPUN - 1)) < 2048 || time_ns() - w->since_ns < w->spin_ns + 2000000ull) {
     sched_yield();
     return;
   }
@@ -88,17 +110,14 @@ void util_futex_wake_all(_Atomic uint32_t *word) { syscall(SYS_futex, (uint32_t 
 
 void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _Atomic uint32_t *sleepers) {
   w->spins++;
-  if (w->spins < 64) {
+  if (wait_spin(w)) {
     cpu_relax();
     return;
   }
-  uint64_t now = time_ns();
-  if (w->since_ns == 0)
-    w->since_ns = now;
   /* A short wait is cheaper to yield through than to sleep and be woken;
    * past it, a sleeping rank leaves its core to the ranks that have work,
    * which is what keeps oversubscribed hosts going. */
-  if (now - w->since_ns < 50000ull) {
+  if (time_ns() - w->since_ns < w->spin_ns + 50000ull) {
     sched_yield();
     return;
   }

@@ -23,11 +23,14 @@ uint64_t util_hash(const void *data, size_t len, uint64_t seed);
 uint64_t util_hash_str(const char *s, uint64_t seed);
 
 /* Spin, then yield, then sleep briefly: the state of one wait. Call
- * wait_reset when progress is made. */
+ * wait_reset when progress is made. spin_ns is how long to spin before
+ * yielding (wait_init sets it, wait_reset keeps it). */
 struct waiter {
   uint32_t spins;
   uint64_t since_ns;
+  uint64_t spin_ns;
 };
+void wait_init(struct waiter *w, uint64_t spin_ns);
 void wait_reset(struct waiter *w);
 void wait_pause(struct waiter *w);
 /* Like wait_pause while `*counter == seen`, but where wait_pause would

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* Counters on their own cache lines: the sender writes tail, the receiver
@@ -42,6 +43,7 @@ struct shm_info {
   char name[64];
   uint64_t size;
   uint64_t capacity;
+  uint64_t probe; /* an address in the receiver, to try a single-copy read on */
 };
 
 struct shm_priv {
@@ -66,6 +68,8 @@ static ncclResult_t shm_attach(struct conn *c, struct shm_priv *sp, size_t capac
   c->fifo.stride = SLOT_HDR_BYTES + capacity;
   c->fifo.tail = &ctrl->tail;
   c->fifo.head = &ctrl->head;
+  c->fifo.ref_pid = c->comm->peers[c->peer].pid;
+  c->fifo.ref_local = c->fifo.ref_pid == (int)getpid();
   if (c->comm->is_host) {
     c->fifo.tail_sleepers = &ctrl->tail_sleepers;
     c->fifo.head_sleepers = &ctrl->head_sleepers;
@@ -122,8 +126,28 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
   snprintf(si->name, sizeof si->name, "%s", sp->name);
   si->size = sp->size;
   si->capacity = capacity;
+  si->probe = (uint64_t)(uintptr_t)sp->map;
   *len = sizeof *si;
   return ncclSuccess;
+}
+
+/* Single copy needs the right to read the peer's memory (same user, and
+ * no ptrace restriction such as Yama's scope 2 or a seccomp filter); the
+ * sender tries it once, on the receiver's segment, and posts by reference
+ * only where it works, saying why where it does not. */
+static void shm_probe_single_copy(struct conn *c, uint64_t probe) {
+  if (!c->fifo.ref_local && c->comm->single_copy_local)
+    return;
+  if (!c->fifo.ref_local) {
+    uint64_t word;
+    struct iovec local = {&word, sizeof word}, remote = {(void *)(uintptr_t)probe, sizeof word};
+    if (process_vm_readv(c->fifo.ref_pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof word) {
+      INFO(LOG_SHM, "single copy to rank %d is off: process_vm_readv from pid %d failed: %s", c->peer,
+           c->fifo.ref_pid, strerror(errno));
+      return;
+    }
+  }
+  c->fifo.ref_min = c->comm->single_copy_min;
 }
 
 static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t len) {
@@ -149,6 +173,8 @@ static ncclResult_t shm_connect(struct conn *c, const void *peer_info, size_t le
   /* The sender maps last, so it removes the name. */
   shm_unlink(si.name);
   CHECK(shm_attach(c, sp, si.capacity));
+  if (c->comm->is_host && c->comm->single_copy_min > 0)
+    shm_probe_single_copy(c, si.probe);
   return ncclSuccess;
 }
 

@@ -15,12 +15,21 @@ struct slot_hdr {
   uint8_t coll;    /* enum coll_kind */
   uint8_t dtype;
   uint8_t op;      /* built-in op, or ncclNumOps for a user op */
-  uint8_t pad;
+  uint8_t where;   /* enum slot_where */
   int32_t root;
   uint32_t sender; /* rank that wrote the slot */
   uint64_t seq;    /* the sender's operation number on this connection */
 };
 #define SLOT_HDR_BYTES 64
+
+/* Where a slot's payload is. By reference (single copy between host
+ * processes), the slot holds a struct slot_ref and the payload stays in
+ * the sender's buffer until the receiver has read it and released the
+ * slot. */
+enum slot_where { SLOT_INLINE = 0, SLOT_BY_REF = 1 };
+struct slot_ref {
+  uint64_t addr; /* in the sender's address space */
+};
 #ifndef __cplusplus
 _Static_assert(sizeof(struct slot_hdr) <= SLOT_HDR_BYTES, "slot header too large");
 #endif

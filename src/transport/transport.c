@@ -140,7 +140,7 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
   }
   uint64_t deadline = deadline_from_timeout();
   struct waiter w;
-  wait_reset(&w);
+  wait_init(&w, 0);
   for (;;) {
     int left = 0;
     for (k = 0; k < total; k++) {

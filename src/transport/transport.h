@@ -37,6 +37,13 @@ struct fifo {
    * where nobody can sleep on it (network, GPU). */
   _Atomic uint32_t *tail_sleepers;
   _Atomic uint32_t *head_sleepers;
+  /* Single copy, on shared memory between host ranks: a sender may post
+   * payloads of at least ref_min bytes by reference (0: never), and a
+   * receiver reads such a payload from process ref_pid with
+   * process_vm_readv, or with memcpy where ref_local (one process). */
+  size_t ref_min;
+  int ref_pid;
+  int ref_local;
 };
 
 /* After moving a FIFO counter: wakes a peer asleep on it. */
@@ -88,6 +95,8 @@ struct conn {
   struct fifo fifo;
   uint64_t step;     /* slots this side produced (send) or consumed (recv) */
   uint64_t op_seq;   /* operations this side started on the connection */
+  uint64_t ref_until; /* send: the slot count the receiver must release before
+                         the payloads posted by reference may change */
   void *priv;        /* the transport's own state */
   /* The same FIFO as a GPU sees it, on CUDA communicators: where kernels
    * read and write slots and counters (device or mapped host addresses). */

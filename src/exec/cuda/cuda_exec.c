@@ -94,7 +94,7 @@ static void *proxy_main(void *arg) {
   log_set_rank(comm->rank);
   place_thread(comm->local_cpus);
   struct waiter w;
-  wait_reset(&w);
+  wait_init(&w, 0);
   uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0;
   int reported = 0;
   while (!atomic_load(&cc->stop)) {
