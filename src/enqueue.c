@@ -81,10 +81,33 @@ void comm_free_works(struct ncclComm *comm) {
   comm->free_works = NULL;
 }
 
+#define KEPT_SHAPES 4
+
+/* A free work to build on: one that keeps no call's shape, or else the
+ * oldest of the KEPT_SHAPES most recent shapes (enqueue_single); NULL when
+ * fewer are kept, so that a new one is made. */
+static struct work *take_free(struct ncclComm *comm) {
+  struct work **link = &comm->free_works, **oldest = NULL;
+  int kept = 0;
+  for (struct work *w = *link; w; link = &w->next, w = *link) {
+    if (!w->key.coll) {
+      *link = w->next;
+      return w;
+    }
+    oldest = link;
+    if (++kept == KEPT_SHAPES)
+      break;
+  }
+  if (kept < KEPT_SHAPES)
+    return NULL;
+  struct work *w = *oldest;
+  *oldest = w->next;
+  return w;
+}
+
 static ncclResult_t new_work(struct ncclComm *comm, struct task *t, uint64_t seq, struct work **out) {
-  struct work *w = comm->free_works;
+  struct work *w = take_free(comm);
   if (w) {
-    comm->free_works = w->next;
     struct schedule keep = w->sched;
     memset(w, 0, sizeof *w);
     w->sched = keep;
@@ -527,7 +550,13 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   *handled = 0;
   if (t->coll == COLL_SEND || t->coll == COLL_RECV || (comm->nranks > 1 && !comm->coll_conns))
     return ncclSuccess;
-  struct work *w = comm->free_works;
+  /* Calls of a few shapes in turn (a training step's) find theirs among
+   * the last works freed. */
+  struct work *w = comm->free_works, **link = &comm->free_works;
+  for (int k = 0; w && k < KEPT_SHAPES && !key_matches(w, t); k++) {
+    link = &w->next;
+    w = w->next;
+  }
   int hit = w && key_matches(w, t);
   int algo = ALGO_RING, nch = 1;
   if (!hit && comm->nranks > 1 && t->count > 0) {
@@ -546,7 +575,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   struct comm_plan p = {.comm = comm, .lanes = &lane, .nlanes = 1};
   ncclResult_t r = ncclSuccess;
   if (hit) {
-    comm->free_works = w->next;
+    *link = w->next;
     w->task = t;
     w->seq = seq;
     w->src = t->sendbuff;
