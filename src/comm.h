@@ -33,6 +33,7 @@ struct peer_info {
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
   int32_t numa;   /* the NUMA node the rank runs on */
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
+  int32_t ncpus;        /* CPUs the rank may run on (its affinity) */
 };
 
 struct channel {

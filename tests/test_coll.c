@@ -281,9 +281,10 @@ int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
   size_t large = LARGE;
   int is_host = 1;
   RCHECK(comm, loomCommIsHost(comm, &is_host));
-  struct gpu gpu_ctx, *g = NULL;
+  struct gpu *g = NULL;
   if (!is_host) {
 #if LOOM_TEST_CUDA
+    static struct gpu gpu_ctx;
     /* GPU ranks often share one device by time slices; the large count
      * shrinks to keep the matrix within the device check's minutes. */
     large = getenv("LOOM_TEST_LARGE") ? (size_t)atol(getenv("LOOM_TEST_LARGE")) : 65539;
