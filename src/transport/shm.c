@@ -2,8 +2,10 @@
  * Shared memory between processes of one host. The receiver creates a
  * segment holding the FIFO (control words and NCCL_STEPS slots); the sender
  * maps it and writes slots directly, so data crosses with one copy in and
- * one copy out. The name is unlinked as soon as both sides have it mapped,
- * so a crash leaves nothing behind in /dev/shm.
+ * one copy out, or (single copy, host ranks) a slot carries the address
+ * of data the receiver reads from the sender's buffer itself. The name is
+ * unlinked as soon as both sides have it mapped, so a crash leaves nothing
+ * behind in /dev/shm.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
