@@ -147,3 +147,19 @@ TEST_IMPL(perf_compare_host_quick) {
   ASSERT(strstr(out, "== allreduce, 2 ranks") && strstr(out, "== reducescatter, 2 ranks"));
   return 0;
 }
+
+/* perf/crossover.py on a few small sizes: it runs each forced algorithm
+ * and the tuner's choice, and reads back which algorithm ran. */
+TEST_IMPL(perf_crossover_quick) {
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    printf("no /usr/bin/python3: the crossover table cannot be made here\n");
+    return 0;
+  }
+  char *argv[] = {"/usr/bin/python3", LOOM_SOURCE_DIR "/perf/crossover.py", "--ranks", "2", "--min", "8", "--max",
+                  "64", "--rounds", "1", "--iters", "5", "--warmup", "1", "--build", LOOM_BUILD_DIR, NULL};
+  int rc = run(argv, out, sizeof out);
+  ASSERT_MSG(rc == 0, "crossover.py exited with %d:\n%s", rc, out);
+  /* Recursive doubling is the tuner's choice for 8 B on 2 ranks, and it ran. */
+  ASSERT_MSG(strstr(out, "== 2 ranks") && strstr(out, "tuner:    rd from 8"), "unexpected output:\n%s", out);
+  return 0;
+}
