@@ -262,22 +262,32 @@ static ncclResult_t connect_collectives(struct ncclComm *comm) {
   return ncclSuccess;
 }
 
+/* The tuner's algorithm and channel count for a collective, by the size
+ * of its largest buffer. */
+static ncclResult_t pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
+  size_t bytes = t->count * dtype_size(t->dtype);
+  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
+    bytes *= (size_t)comm->nranks;
+  return tuner_pick(&comm->tuner, t->coll, bytes, algo, nch, NULL);
+}
+
+static ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch) {
+  switch (algo) {
+  case ALGO_TREE: return plan_tree(p, t, seq, nch);
+  case ALGO_RD: return plan_rd(p, t, seq);
+  default: return plan_ring(p, t, seq, nch);
+  }
+}
+
 static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
   struct ncclComm *comm = p->comm;
   if (comm->nranks == 1)
     return plan_ring(p, t, seq, 1);
   if (!comm->coll_conns)
     CHECK(connect_collectives(comm));
-  size_t bytes = t->count * dtype_size(t->dtype);
-  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
-    bytes *= (size_t)comm->nranks;
   int algo, nch;
-  CHECK(tuner_pick(&comm->tuner, t->coll, bytes, &algo, &nch, NULL));
-  switch (algo) {
-  case ALGO_TREE: return plan_tree(p, t, seq, nch);
-  case ALGO_RD: return plan_rd(p, t, seq);
-  default: return plan_ring(p, t, seq, nch);
-  }
+  CHECK(pick_algo(comm, t, &algo, &nch));
+  return plan_algo(p, t, seq, algo, nch);
 }
 
 static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
@@ -560,10 +570,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   int hit = w && key_matches(w, t);
   int algo = ALGO_RING, nch = 1;
   if (!hit && comm->nranks > 1 && t->count > 0) {
-    size_t bytes = t->count * dtype_size(t->dtype);
-    if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
-      bytes *= (size_t)comm->nranks;
-    CHECK(tuner_pick(&comm->tuner, t->coll, bytes, &algo, &nch, NULL));
+    CHECK(pick_algo(comm, t, &algo, &nch));
     if (nch != 1 && algo != ALGO_RD)
       return ncclSuccess;
   }
@@ -585,7 +592,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
     w->next = NULL;
     lane_push(&lane, w);
   } else {
-    r = algo == ALGO_TREE ? plan_tree(&p, t, seq, 1) : algo == ALGO_RD ? plan_rd(&p, t, seq) : plan_ring(&p, t, seq, 1);
+    r = plan_algo(&p, t, seq, algo, 1);
     if (r != ncclSuccess) {
       char desc[200];
       task_describe(t, desc, sizeof desc);

@@ -131,21 +131,16 @@ static void open_pidfds(struct ncclComm *comm) {
 /* Spinning answers a peer fastest but only while each rank has a core:
  * with more ranks on this host than CPUs to run them, a spinning rank
  * holds the core its peer needs, so it yields at once instead. */
-static uint64_t spin_budget(const struct ncclComm *comm) {
+static uint64_t spin_budget(int oversubscribed) {
   int64_t us = param_int(P_SPIN_US);
   if (us >= 0)
     return (uint64_t)us * 1000;
-  int local = 0;
-  for (int r = 0; r < comm->nranks; r++)
-    local += comm->peers[r].host_hash == comm->peers[comm->rank].host_hash;
-  cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return local <= cpus ? 20000 : 0;
+  return oversubscribed ? 0 : 20000;
 }
 
 /* The tuning model's view of the communicator (tuner_shape). */
 static ncclResult_t tune_setup(struct ncclComm *comm) {
-  int nhosts = 0, maxper = 0, shm_off = 0, oversubscribed = 0;
+  int nhosts = 0, maxper = 0, shm_off = 0, oversubscribed = 0, mine_oversubscribed = 0;
   for (int r = 0; r < comm->nranks; r++) {
     int first = 1, per = 0;
     for (int q = 0; q < comm->nranks; q++) {
@@ -156,12 +151,14 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
         first = 0;
     }
     oversubscribed |= per > comm->peers[r].ncpus;
+    if (r == comm->rank)
+      mine_oversubscribed = per > comm->peers[r].ncpus;
     nhosts += first;
     maxper = LOOM_MAX(maxper, per);
     shm_off |= comm->peers[r].shm_disabled;
   }
   comm->nhosts = nhosts;
-  comm->spin_ns = spin_budget(comm);
+  comm->spin_ns = spin_budget(mine_oversubscribed);
   int64_t single = param_int(P_SHM_SINGLE_COPY);
   comm->single_copy_min = single < 0 ? 65536 : (size_t)single;
   comm->single_copy_local = single < 0;

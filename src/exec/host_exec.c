@@ -228,8 +228,10 @@ int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t
     /* Done but for a receiver still reading what was posted by reference. */
     for (int i = 0; i < w->nsends; i++) {
       struct conn *c = w->sends[i];
-      uint64_t head = c && c->ref_until ? atomic_load(c->fifo.head) : 0;
-      if (c && c->ref_until && head < c->ref_until && c->fifo.head_sleepers) {
+      if (!c || !c->ref_until || !c->fifo.head_sleepers)
+        continue;
+      uint64_t head = atomic_load(c->fifo.head);
+      if (head < c->ref_until) {
         *counter = c->fifo.head;
         *seen = head;
         *sleepers = c->fifo.head_sleepers;
