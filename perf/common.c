@@ -7,6 +7,8 @@
  * communicator. Under loomrun (LOOM_RANK, LOOM_NRANKS, LOOM_UNIQUE_ID in
  * the environment) process p runs ranks p*T .. p*T+T-1 of LOOM_NRANKS*T,
  * all from the one id loomrun made. Otherwise this process makes the id.
+ * The *_perf_mpi builds (LOOM_PERF_MPI) take the process's place and the id
+ * from MPI instead (mpi_launch.c), and MPI also carries the final verdict.
  *
  * On a host communicator buffers are host memory and calls return when
  * done (stream NULL). Where the library makes CUDA communicators (a GPU is
@@ -41,6 +43,9 @@
 
 #include "device.h"
 #include "loom.h"
+#ifdef LOOM_PERF_MPI
+#include "mpi_launch.h"
+#endif
 
 #define GUARD_BYTES 4096 /* poison checked before and after each output */
 #define LINE_BYTES 256   /* one "# Using devices" line */
@@ -94,6 +99,7 @@ typedef struct {
   char *scratch;                              /* device memory for values combined across ranks */
   double bw_sum;
   int bw_count, errors, reports_left;
+  int own_failed; /* checks in which this rank itself found wrong elements */
   int64_t rss_max, rss_sum; /* rank 0: peak RSS beyond the buffers, over all ranks (KiB) */
   int rss_max_rank;
   uint64_t seq;
@@ -346,6 +352,11 @@ static void parse_args(int argc, char **argv) {
 /* ---- ranks and their communicators --------------------------------------- */
 
 static void setup_ranks(void) {
+#ifdef LOOM_PERF_MPI
+  /* The *_perf_mpi builds take their place and the id from MPI alone
+   * (perf/mpi_launch.c); loomrun's variables are not read. */
+  perf_mpi_setup(progname, cfg.nthreads, &proc, &nprocs, &uid);
+#else
   const char *er = getenv("LOOM_RANK"), *en = getenv("LOOM_NRANKS");
   const char *eid = getenv("LOOM_UNIQUE_ID");
   if (er || en || eid) {
@@ -365,6 +376,7 @@ static void setup_ranks(void) {
   } else {
     NCCL_OR_DIE(NULL, ncclGetUniqueId(&uid));
   }
+#endif
   nranks = nprocs * cfg.nthreads;
   if (B->uses_root && cfg.root >= nranks)
     die(NULL, "-r %d: the root must be below the number of ranks (%d)", cfg.root, nranks);
@@ -547,6 +559,7 @@ static void bench_time(rank_t *r, const perf_call *c, const perf_counts *cn, per
       wait_calls(r);
       mirror_to_host(r);
       int64_t mine = perf_verify(&x, r->label, &r->reports_left);
+      r->own_failed += mine != 0;
       NCCL_OR_DIE(r, ncclAllReduce(dev_in(r, &mine, sizeof mine), dev_out(r, &wrong), 1, ncclInt64, ncclSum,
                                    r->comm, r->stream));
       dev_done(r, &wrong, sizeof wrong);
@@ -767,6 +780,17 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
 
   /* #wrong was summed over all ranks, so every rank knows the outcome. */
   rank_t *r0 = &ranks[0];
+#ifdef LOOM_PERF_MPI
+  /* The verdict also travels through MPI, outside the library under test,
+   * so that a communicator whose AllReduce is broken cannot report its own
+   * wrong results as right: each rank's own count of failed checks, the
+   * largest over all processes, wins where it is larger. */
+  int own = 0;
+  for (int t = 0; t < cfg.nthreads; t++)
+    if (ranks[t].own_failed > own) own = ranks[t].own_failed;
+  own = (int)perf_mpi_max(own);
+  if (own > r0->errors) r0->errors = own;
+#endif
   double avg_bw = r0->bw_count ? r0->bw_sum / r0->bw_count : 0;
   const char *min_env = getenv("NCCL_TESTS_MIN_BW");
   double min_bw = min_env ? atof(min_env) : -1;
@@ -783,5 +807,8 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
   int rc = (r0->errors || bw_failed) ? 1 : 0;
   free(ranks);
   fflush(stdout);
+#ifdef LOOM_PERF_MPI
+  perf_mpi_finalize();
+#endif
   return rc;
 }

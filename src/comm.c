@@ -405,7 +405,7 @@ LOOM_EXPORT ncclResult_t loomUniqueIdRootAddress(const ncclUniqueId *id, char *b
   return ncclSuccess;
 }
 
-LOOM_EXPORT const char *loomTransports(void) { return LOOM_HAVE_CUDA ? "p2p shm net/socket" : "shm net/socket"; }
+LOOM_EXPORT const char *loomTransports(void) { return TRANSPORTS_BUILT; }
 
 LOOM_EXPORT ncclResult_t loomCommIsHost(ncclComm_t comm, int *isHost) {
   ncclResult_t r = check_query(comm, isHost, "loomCommIsHost");
@@ -426,7 +426,7 @@ LOOM_EXPORT ncclResult_t loomCommChannels(ncclComm_t comm, int *nchannels) {
 static const char *conn_name(const struct conn *c) {
   if (c == NULL || !c->connected)
     return NULL;
-  return c->tr == &transport_net ? "net/socket" : c->tr->name;
+  return c->tr == &transport_net ? net_conn_name(c) : c->tr->name;
 }
 
 LOOM_EXPORT ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const char **name) {

@@ -33,7 +33,7 @@ static pthread_once_t banner_once = PTHREAD_ONCE_INIT;
 
 static void banner(void) {
   log_msg(LOG_VERSION, LOG_INIT, "Loom %s (NCCL API %d.%d.%d), transports: %s, reductions: %s", LOOM_VERSION_STRING,
-          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, LOOM_HAVE_CUDA ? "p2p shm net/socket" : "shm net/socket", red_isa());
+          NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, TRANSPORTS_BUILT, red_isa());
 }
 
 NCCL_API(ncclResult_t, ncclGetVersion, int *version) {

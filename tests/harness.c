@@ -57,6 +57,47 @@ int harness_read_all(int fd, void *buf, size_t len) {
   return 0;
 }
 
+static int run_captured(char *const argv[], int merge_stderr, char *out, size_t len) {
+  int p[2];
+  if (pipe(p) != 0) {
+    perror("harness_run: pipe");
+    exit(1);
+  }
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("harness_run: fork");
+    exit(1);
+  }
+  if (pid == 0) {
+    dup2(p[1], 1);
+    if (merge_stderr)
+      dup2(p[1], 2);
+    close(p[0]);
+    close(p[1]);
+    execv(argv[0], argv);
+    perror(argv[0]);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t got = 0;
+  ssize_t n;
+  while ((n = read(p[0], out + got, len - 1 - got)) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0)
+      got += (size_t)n;
+  out[got] = '\0';
+  close(p[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  fputs(out, stdout);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int harness_run(char *const argv[], char *out, size_t len) { return run_captured(argv, 0, out, len); }
+
+int harness_run_merged(char *const argv[], char *out, size_t len) { return run_captured(argv, 1, out, len); }
+
 int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
   int (*pipes)[2] = calloc(nranks, sizeof *pipes);
   int ev[2] = {-1, -1};

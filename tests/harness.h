@@ -36,6 +36,14 @@ int harness_read_all(int fd, void *buf, size_t len);
 /* Seconds since an arbitrary start, for measuring bounds. */
 double now_s(void);
 
+/* Runs argv (a path, no search) with its stdout in a pipe and waits for
+ * it: its exit status (128 + the signal if one killed it), its output in
+ * out (at most len - 1 bytes, then a NUL) and on our stdout; 127 if it
+ * cannot be executed. No pipe or process fails the test (exit 1).
+ * harness_run_merged takes its stderr too. */
+int harness_run(char *const argv[], char *out, size_t len);
+int harness_run_merged(char *const argv[], char *out, size_t len);
+
 /* Checks an NCCL call inside a rank: prints the call, the error string and
  * ncclGetLastError, and returns 1 from the rank function. */
 #define RCHECK(comm, call)                                                              \

@@ -148,3 +148,18 @@ TEST_IMPL(dead_peer_before_first_collective) {
   setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   return run_ranks(3, early_exit_rank, NULL);
 }
+
+/* Across hosts over IB (the verbs test double): RC tells a receiver
+ * nothing when its sender dies; the IB plugin's idle set-up connection,
+ * which the kernel closes, does. */
+TEST_IMPL(dead_peer_ib) {
+#ifdef LOOM_VERBS_DOUBLE_PATH
+  setenv("LOOM_IB_VERBS_LIB", LOOM_VERBS_DOUBLE_PATH, 1);
+  setenv("NCCL_NET", "IB", 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  struct dead_cfg cfg = {.separate_hosts = 1};
+  return dead_peer_run(&cfg, 10);
+#else
+  SKIP("the verbs test double was not built (no infiniband/verbs.h)");
+#endif
+}

@@ -90,7 +90,14 @@ TEST_IMPL(errors_env_ifname) {
 
 /* The network plugin is chosen once per process, so there is no retry. */
 TEST_IMPL(errors_env_net_ib) {
-  return INIT_REFUSES("NCCL_NET", "IB", ncclInvalidUsage, 0, "NCCL_NET=IB", "not implemented");
+  setenv("LOOM_IB_VERBS_LIB", "/nonexistent/libibverbs.so.1", 1);
+  return INIT_REFUSES("NCCL_NET", "IB", ncclSystemError, 0, "NCCL_NET=IB cannot be used",
+                      "cannot load /nonexistent/libibverbs.so.1");
+}
+
+TEST_IMPL(errors_env_gdr_level) {
+  setenv("NCCL_NET", "Socket", 1); /* so that init loads the network plugin */
+  return INIT_REFUSES("NCCL_NET_GDR_LEVEL", "NEAR", ncclInvalidArgument, 0, "NCCL_NET_GDR_LEVEL=NEAR", "PHB");
 }
 
 TEST_IMPL(errors_env_net_bogus) {

@@ -1,9 +1,8 @@
 /*
- * Two hosts emulated on one machine: two network namespaces joined by a
- * veth pair. Ranks 0-1 live in the first, 2-3 in the second, so each pair
- * talks over shared memory and the ring crosses between them over sockets
- * on the veth, which NCCL_SOCKET_IFNAME picks. Loom treats a network
- * namespace as a host of its own (topo_host_hash).
+ * Two hosts emulated on one machine (netns.h). Ranks 0-1 live in the
+ * first, 2-3 in the second, so each pair talks over shared memory and the
+ * ring crosses between them over sockets on the emulated hosts' interface,
+ * which NCCL_SOCKET_IFNAME picks.
  */
 #include <fcntl.h>
 #include <sched.h>
@@ -15,75 +14,14 @@
 #include "coll_matrix.h"
 #include "harness.h"
 #include "loom.h"
+#include "netns.h"
 #include "nccl.h"
 #include "test.h"
 
-struct netns {
-  char ns[2][32];
-  char veth[2][16];
-};
+static struct netns_hosts net;
 
-static int sh(const char *fmt, const char *a, const char *b) {
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, fmt, a, b);
-  return system(cmd);
-}
-
-static void netns_down(struct netns *n) {
-  for (int i = 0; i < 2; i++)
-    sh("ip netns del %s 2>/dev/null%s", n->ns[i], "");
-}
-
-/* Returns 0, or TEST_SKIP with the reason printed. */
-static int netns_up(struct netns *n) {
-  if (geteuid() != 0) {
-    fprintf(stderr, "SKIP: network namespaces need root\n");
-    return TEST_SKIP;
-  }
-  if (system("ip -V >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "SKIP: the ip command (iproute2) is not installed\n");
-    return TEST_SKIP;
-  }
-  int pid = (int)getpid();
-  for (int i = 0; i < 2; i++) {
-    snprintf(n->ns[i], sizeof n->ns[i], "loomhost%c%d", 'a' + i, pid);
-    snprintf(n->veth[i], sizeof n->veth[i], "lm%d%c", pid % 10000000, 'a' + i);
-  }
-  if (sh("ip netns add %s 2>/dev/null && ip netns add %s 2>/dev/null", n->ns[0], n->ns[1]) != 0) {
-    netns_down(n);
-    fprintf(stderr, "SKIP: cannot create network namespaces here (ip netns add failed)\n");
-    return TEST_SKIP;
-  }
-  int bad = sh("ip link add %s type veth peer name %s", n->veth[0], n->veth[1]);
-  for (int i = 0; i < 2 && !bad; i++) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "ip link set %s netns %s && ip -n %s addr add 10.77.0.%d/24 dev %s && ip -n %s link set %s up && "
-             "ip -n %s link set lo up",
-             n->veth[i], n->ns[i], n->ns[i], i + 1, n->veth[i], n->ns[i], n->veth[i], n->ns[i]);
-    bad = system(cmd);
-  }
-  if (bad) {
-    netns_down(n);
-    fprintf(stderr, "SKIP: cannot create a veth pair between the namespaces\n");
-    return TEST_SKIP;
-  }
-  return 0;
-}
-
-static struct netns net;
-
-static int enter_host(int rank, void *arg) {
-  char path[64];
-  snprintf(path, sizeof path, "/var/run/netns/%s", net.ns[rank < 2 ? 0 : 1]);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-    perror(path);
-    return 1;
-  }
-  close(fd);
-  return 0;
-}
+/* Ranks 0-1 on the first host, the others on the second. */
+static int enter_host(int rank, void *arg) { return netns_enter(&net, rank < 2 ? 0 : 1); }
 
 static const char *expected(int from, int to) { return (from < 2) == (to < 2) ? "shm" : "net/socket"; }
 
@@ -105,14 +43,13 @@ static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
 }
 
 TEST_IMPL(netns_two_hosts) {
-  int rc = netns_up(&net);
+  int rc = netns_hosts_up(&net, 2, 0);
   if (rc)
     return rc;
-  /* Both ends of the veth start with "lm"; nothing else does. */
-  setenv("NCCL_SOCKET_IFNAME", "lm", 1);
+  setenv("NCCL_SOCKET_IFNAME", NETNS_IFNAME, 1);
   harness_set_rank_setup(enter_host);
   rc = run_ranks(4, matrix_rank, NULL);
-  netns_down(&net);
+  netns_hosts_down(&net);
   return rc;
 }
 
@@ -136,13 +73,13 @@ static int unreachable_rank(int rank, int n, ncclUniqueId id, void *arg) {
 }
 
 TEST_IMPL(netns_wrong_ifname) {
-  int rc = netns_up(&net);
+  int rc = netns_hosts_up(&net, 2, 0);
   if (rc)
     return rc;
   setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   setenv("LOOM_TIMEOUT", "3", 1);
   harness_set_rank_setup(enter_host);
   rc = run_ranks(3, unreachable_rank, NULL);
-  netns_down(&net);
+  netns_hosts_down(&net);
   return rc;
 }

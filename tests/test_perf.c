@@ -3,48 +3,18 @@
  * threads (-t) and as processes (loomrun), with checking on, every
  * benchmark once. A benchmark that finds a wrong element exits non-zero.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "test.h"
-
-/* Runs argv with stdout in a pipe; returns the exit status and the output. */
-static int run(char *const argv[], char *out, size_t len) {
-  int p[2];
-  ASSERT(pipe(p) == 0);
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    dup2(p[1], 1);
-    close(p[0]);
-    close(p[1]);
-    execv(argv[0], argv);
-    perror(argv[0]);
-    _exit(127);
-  }
-  close(p[1]);
-  size_t got = 0;
-  ssize_t n;
-  while ((n = read(p[0], out + got, len - 1 - got)) > 0 || (n < 0 && errno == EINTR))
-    if (n > 0)
-      got += (size_t)n;
-  out[got] = '\0';
-  close(p[0]);
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-    ;
-  fputs(out, stdout);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 static char out[1 << 20];
 
 static int bench_ok(char *const argv[]) {
-  int rc = run(argv, out, sizeof out);
+  int rc = harness_run(argv, out, sizeof out);
   ASSERT_MSG(rc == 0, "%s exited with %d", argv[0], rc);
   ASSERT_MSG(strstr(out, "# Out of bounds values : 0 OK") != NULL, "no clean check line");
   ASSERT_MSG(strstr(out, "# Avg bus bandwidth") != NULL, "no closing bandwidth line");
@@ -87,7 +57,7 @@ TEST_IMPL(perf_every_benchmark) {
  * sentence saying which rank, instead of leaving the others waiting. */
 TEST_IMPL(perf_loomrun_failing_rank) {
   char *argv[] = {LOOMRUN, "-n", "2", "--timeout", "60", "/bin/sh", "-c", "test \"$LOOM_RANK\" = 0 || exit 3", NULL};
-  int rc = run(argv, out, sizeof out);
+  int rc = harness_run(argv, out, sizeof out);
   ASSERT_MSG(rc == 3, "loomrun exited with %d, expected the failing rank's 3", rc);
   return 0;
 }
@@ -96,16 +66,16 @@ TEST_IMPL(perf_loomrun_failing_rank) {
  * communicator computes. */
 TEST_IMPL(tools_loom_info) {
   char *here[] = {LOOM_TOOLS_DIR "/loom-info", NULL};
-  int rc = run(here, out, sizeof out);
+  int rc = harness_run(here, out, sizeof out);
   ASSERT_MSG(rc == 0, "loom-info exited with %d", rc);
   ASSERT(strstr(out, "Transports built in:") && strstr(out, "NCCL_BUFFSIZE") && strstr(out, "Topology of"));
   char *dgx[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", LOOM_TOPO_FIXTURES "/dgx_h100.xml", "--ranks", "16",
                  "--hosts", "2", NULL};
-  rc = run(dgx, out, sizeof out);
+  rc = harness_run(dgx, out, sizeof out);
   ASSERT_MSG(rc == 0, "loom-info --topo exited with %d", rc);
   ASSERT(strstr(out, "16 ranks on 2 hosts") && strstr(out, "channel  7 ring") && strstr(out, "mlx5_7"));
   char *bad[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", "/nonexistent.xml", NULL};
-  ASSERT(run(bad, out, sizeof out) != 0);
+  ASSERT(harness_run(bad, out, sizeof out) != 0);
   return 0;
 }
 
@@ -113,7 +83,7 @@ TEST_IMPL(tools_loom_info) {
  * loom-info --params prints appears in it word for word. */
 TEST_IMPL(tools_params_documented) {
   char *argv[] = {LOOM_TOOLS_DIR "/loom-info", "--params", NULL};
-  ASSERT(run(argv, out, sizeof out) == 0);
+  ASSERT(harness_run(argv, out, sizeof out) == 0);
   FILE *f = fopen(LOOM_README, "r");
   ASSERT_MSG(f, "cannot open %s", LOOM_README);
   static char readme[1 << 18];
@@ -138,7 +108,7 @@ TEST_IMPL(perf_compare_host_quick) {
   ASSERT(mkdtemp(outdir));
   char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--peers", "loom", "--no-build",
                   "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
-  int rc = run(argv, out, sizeof out);
+  int rc = harness_run(argv, out, sizeof out);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", outdir);
   if (system(cmd) != 0)
@@ -157,7 +127,7 @@ TEST_IMPL(perf_crossover_quick) {
   }
   char *argv[] = {"/usr/bin/python3", LOOM_SOURCE_DIR "/perf/crossover.py", "--ranks", "2", "--min", "8", "--max",
                   "64", "--rounds", "1", "--iters", "5", "--warmup", "1", "--build", LOOM_BUILD_DIR, NULL};
-  int rc = run(argv, out, sizeof out);
+  int rc = harness_run(argv, out, sizeof out);
   ASSERT_MSG(rc == 0, "crossover.py exited with %d:\n%s", rc, out);
   /* Recursive doubling is the tuner's choice for 8 B on 2 ranks, and it ran. */
   ASSERT_MSG(strstr(out, "== 2 ranks") && strstr(out, "tuner:    rd from 8"), "unexpected output:\n%s", out);

@@ -16,35 +16,101 @@
 #include <time.h>
 #include <unistd.h>
 
-/* NCCL's syntax: a leading ^ excludes the listed interfaces, a leading =
- * (after any ^) makes the names exact instead of prefixes. */
-int sock_ifname_match(const char *spec, const char *name) {
-  int exclude = 0, exact = 0;
-  if (*spec == '^') {
-    exclude = 1;
-    spec++;
+/* NCCL's syntax (socket.h has the grammar). The parser is strict where
+ * NCCL is silent: a value NCCL would quietly match nothing with, or match
+ * differently than written ("eth0 eth1", "eth0,^ib0", a name cut at 15
+ * characters), is refused with what is wrong, so init can say so. */
+static int ifname_char_ok(unsigned char ch) { return ch > 0x20 && ch != 0x7f && ch != '/' && ch != ','; }
+
+ncclResult_t sock_ifname_parse(const char *expr, struct sock_ifname_spec *out) {
+  memset(out, 0, sizeof *out);
+  const char *p = expr;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  if (*p == '^') {
+    out->exclude = 1;
+    p++;
   }
-  if (*spec == '=') {
-    exact = 1;
-    spec++;
+  if (*p == '=') {
+    out->exact = 1;
+    p++;
   }
-  int found = 0;
-  char buf[512];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    /* NCCL allows "eth0:1234" style port suffixes; the port is ignored. */
-    char *colon = strchr(tok, ':');
-    if (colon)
-      *colon = '\0';
-    if (tok[0] == '\0')
-      continue;
-    if (exact ? strcmp(name, tok) == 0 : strncmp(name, tok, strlen(tok)) == 0) {
-      found = 1;
-      break;
+  for (int item = 1;; item++) {
+    while (*p == ' ' || *p == '\t')
+      p++;
+    const char *b = p;
+    while (*p != '\0' && *p != ',')
+      p++;
+    const char *e = p; /* [b, e) is the item, leading blanks skipped */
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t'))
+      e--;
+    size_t len = (size_t)(e - b);
+    if (len > 0) {
+      if (*b == '^' || *b == '=')
+        return err_set(ncclInvalidArgument,
+                       "item %d \"%.*s\" starts with '%c', which only means something at the start of the whole "
+                       "list (^ excludes the list, = after it makes names exact)",
+                       item, (int)len, b, *b);
+      const char *colon = memchr(b, ':', len);
+      size_t nlen = colon ? (size_t)(colon - b) : len;
+      if (colon) {
+        /* NCCL_IB_HCA's port suffix is accepted and means nothing here. */
+        const char *d = colon + 1;
+        size_t dl = (size_t)(e - d);
+        int digits = dl > 0 && dl <= 5;
+        for (size_t i = 0; i < dl && digits; i++)
+          digits = d[i] >= '0' && d[i] <= '9';
+        if (!digits || atoi(d) > 65535)
+          return err_set(ncclInvalidArgument,
+                         "item %d \"%.*s\": what follows ':' must be a port number (it is ignored), not \"%.*s\"",
+                         item, (int)len, b, (int)dl, d);
+      }
+      if (nlen == 0)
+        return err_set(ncclInvalidArgument, "item %d \"%.*s\" has a port but no interface name", item, (int)len,
+                       b);
+      for (size_t i = 0; i < nlen; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        if (ch == ' ' || ch == '\t')
+          return err_set(ncclInvalidArgument,
+                         "item %d \"%.*s\" has a blank inside an interface name; separate names with commas", item,
+                         (int)len, b);
+        if (!ifname_char_ok(ch))
+          return err_set(ncclInvalidArgument,
+                         "item %d \"%.*s\" has the character 0x%02x, which no interface name can contain", item,
+                         (int)len, b, ch);
+      }
+      if (nlen >= IF_NAMESIZE)
+        return err_set(ncclInvalidArgument,
+                       "item %d \"%.*s\" is %zu characters long; interface names have at most %d", item,
+                       (int)(nlen > 40 ? 40 : nlen), b, nlen, IF_NAMESIZE - 1);
+      if (out->n == SOCK_IFNAME_MAX_ITEMS)
+        return err_set(ncclInvalidArgument, "it lists more than %d interfaces", SOCK_IFNAME_MAX_ITEMS);
+      memcpy(out->names[out->n], b, nlen);
+      out->names[out->n][nlen] = '\0';
+      out->n++;
     }
+    if (*p == '\0')
+      break;
+    p++; /* the comma; empty items (",,", a trailing comma) are skipped */
   }
-  return exclude ? !found : found;
+  if (out->n == 0)
+    return err_set(ncclInvalidArgument, "it names no interface");
+  return ncclSuccess;
+}
+
+int sock_ifname_spec_match(const struct sock_ifname_spec *spec, const char *name) {
+  int found = 0;
+  for (int i = 0; i < spec->n && !found; i++)
+    found = spec->exact ? strcmp(name, spec->names[i]) == 0
+                        : strncmp(name, spec->names[i], strlen(spec->names[i])) == 0;
+  return spec->exclude ? !found : found;
+}
+
+int sock_ifname_match(const char *expr, const char *name) {
+  struct sock_ifname_spec spec;
+  if (sock_ifname_parse(expr, &spec) != ncclSuccess)
+    return 0;
+  return sock_ifname_spec_match(&spec, name);
 }
 
 static int family_wanted(int family) {
@@ -69,14 +135,17 @@ static int usable_addr(const struct ifaddrs *ifa) {
 }
 
 /* Adds the interfaces `spec` selects, one address each, IPv4 first. */
-static int collect(struct ifaddrs *list, const char *spec, struct sock_iface *out, int n, int max) {
+static int collect(struct ifaddrs *list, const char *expr, struct sock_iface *out, int n, int max) {
+  struct sock_ifname_spec spec;
+  if (sock_ifname_parse(expr, &spec) != ncclSuccess)
+    return n;
   for (int pass = 0; pass < 2; pass++) {
     for (struct ifaddrs *ifa = list; ifa && n < max; ifa = ifa->ifa_next) {
       if (!usable_addr(ifa))
         continue;
       if ((pass == 0) != (ifa->ifa_addr->sa_family == AF_INET))
         continue;
-      if (!sock_ifname_match(spec, ifa->ifa_name))
+      if (!sock_ifname_spec_match(&spec, ifa->ifa_name))
         continue;
       int dup = 0;
       for (int i = 0; i < n; i++)
@@ -95,20 +164,43 @@ static int collect(struct ifaddrs *list, const char *spec, struct sock_iface *ou
 }
 
 ncclResult_t sock_find_interfaces(struct sock_iface *out, int max, int *count) {
+  return sock_find_interfaces_why(out, max, count, NULL, 0);
+}
+
+ncclResult_t sock_find_interfaces_why(struct sock_iface *out, int max, int *count, char *why, size_t whylen) {
+  const char *fam = param_str(P_SOCKET_FAMILY);
+  if (fam[0] != '\0' && strcmp(fam, "AF_INET") != 0 && strcmp(fam, "AF_INET6") != 0)
+    return err_set(ncclInvalidArgument, "NCCL_SOCKET_FAMILY=%s is neither AF_INET nor AF_INET6", fam);
+  int user = param_is_set(P_SOCKET_IFNAME);
+  const char *expr = param_str(P_SOCKET_IFNAME);
+  if (user) {
+    struct sock_ifname_spec spec;
+    if (sock_ifname_parse(expr, &spec) != ncclSuccess) {
+      err_context("NCCL_SOCKET_IFNAME=\"%s\" is malformed", expr);
+      return ncclInvalidArgument;
+    }
+  }
   struct ifaddrs *list = NULL;
   if (getifaddrs(&list) != 0)
     return err_set(ncclSystemError, "getifaddrs failed: %s", strerror(errno));
   int n = 0;
-  if (param_is_set(P_SOCKET_IFNAME)) {
-    n = collect(list, param_str(P_SOCKET_IFNAME), out, 0, max);
-  } else {
-    n = collect(list, "ib", out, 0, max);
-    if (n == 0)
-      n = collect(list, "^docker,lo,virbr", out, 0, max);
-    if (n == 0)
-      n = collect(list, "docker", out, 0, max);
-    if (n == 0)
-      n = collect(list, "lo", out, 0, max);
+  const char *reason = "";
+  if (user) {
+    n = collect(list, expr, out, 0, max);
+  } else if ((n = collect(list, "ib", out, 0, max)) > 0) {
+    reason = "default: ib interfaces first";
+  } else if ((n = collect(list, "^docker,lo,virbr", out, 0, max)) > 0) {
+    reason = "default: first up non-loopback, non-docker interface";
+  } else if ((n = collect(list, "docker", out, 0, max)) > 0) {
+    reason = "default: no other interface is up, so docker";
+  } else if ((n = collect(list, "lo", out, 0, max)) > 0) {
+    reason = "default: no other interface is up, so loopback";
+  }
+  if (why && whylen) {
+    if (user)
+      snprintf(why, whylen, "NCCL_SOCKET_IFNAME=%s%s%s", expr, fam[0] ? ", NCCL_SOCKET_FAMILY=" : "", fam);
+    else
+      snprintf(why, whylen, "%s%s%s", reason, fam[0] ? ", NCCL_SOCKET_FAMILY=" : "", fam);
   }
   if (n == 0) {
     char have[512] = "";
@@ -117,8 +209,8 @@ ncclResult_t sock_find_interfaces(struct sock_iface *out, int max, int *count) {
       if (!usable_addr(ifa) || strstr(have, ifa->ifa_name))
         continue;
       char a[INET6_ADDRSTRLEN] = "?";
-      int fam = ifa->ifa_addr->sa_family;
-      inet_ntop(fam, fam == AF_INET ? (void *)&((struct sockaddr_in *)ifa->ifa_addr)->sin_addr
+      int af = ifa->ifa_addr->sa_family;
+      inet_ntop(af, af == AF_INET ? (void *)&((struct sockaddr_in *)ifa->ifa_addr)->sin_addr
                                     : (void *)&((struct sockaddr_in6 *)ifa->ifa_addr)->sin6_addr,
                 a, sizeof a);
       o += snprintf(have + o, o < sizeof have ? sizeof have - o : 0, "%s%s (%s)", o ? ", " : "",
@@ -127,7 +219,7 @@ ncclResult_t sock_find_interfaces(struct sock_iface *out, int max, int *count) {
         break;
     }
     freeifaddrs(list);
-    if (param_is_set(P_SOCKET_IFNAME))
+    if (user)
       return err_set(ncclInvalidArgument,
                      "NCCL_SOCKET_IFNAME=%s matches no interface that is up with a usable address%s%s; "
                      "interfaces here: %s",

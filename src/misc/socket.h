@@ -28,14 +28,37 @@ struct sock_iface {
 #define SOCK_MAX_IFACES 16
 #define SOCK_ADDR_STRLEN 64
 
-/* Whether interface `name` is selected by an NCCL_SOCKET_IFNAME expression. */
-int sock_ifname_match(const char *spec, const char *name);
+/*
+ * NCCL_SOCKET_IFNAME expressions, NCCL's syntax:
+ *   [^][=]item[,item...]   ^: use every interface except those listed;
+ *                          =: names are exact (else prefixes)
+ *   item: an interface name of 1 to IF_NAMESIZE-1 (15) characters, with an
+ *   optional ":port" (NCCL_IB_HCA's syntax; ignored here).
+ * Blanks around items and empty items (",,", a trailing comma) are
+ * skipped. Malformed, with a sentence saying why (ncclInvalidArgument):
+ * no name at all ("^", "=", ","), a blank or a character no interface name
+ * has (control characters, '/') inside a name, a name longer than 15, a
+ * later item starting with ^ or = (they apply to the whole list only), a
+ * ':' not followed by a port number, more than SOCK_IFNAME_MAX_ITEMS names.
+ */
+#define SOCK_IFNAME_MAX_ITEMS 32
+struct sock_ifname_spec {
+  int exclude, exact, n;
+  char names[SOCK_IFNAME_MAX_ITEMS][IF_NAMESIZE];
+};
+ncclResult_t sock_ifname_parse(const char *expr, struct sock_ifname_spec *out);
+int sock_ifname_spec_match(const struct sock_ifname_spec *spec, const char *name);
+/* Parse and match in one; a malformed expression matches nothing. */
+int sock_ifname_match(const char *expr, const char *name);
 
 /* The interfaces to use, best first: those NCCL_SOCKET_IFNAME selects, or
- * by default the up interfaces that are neither loopback nor docker, and
- * loopback when there is nothing else. An expression that selects nothing
- * is an error that names the interfaces there are. */
+ * by default (as NCCL) ib interfaces, else the up interfaces that are
+ * neither loopback nor docker, else docker, else loopback. A malformed
+ * expression, or one that selects nothing, is an error naming
+ * NCCL_SOCKET_IFNAME (the latter lists the interfaces there are). `why`
+ * (may be NULL) gets the reason for the choice, for the log. */
 ncclResult_t sock_find_interfaces(struct sock_iface *out, int max, int *count);
+ncclResult_t sock_find_interfaces_why(struct sock_iface *out, int max, int *count, char *why, size_t whylen);
 
 /* "a.b.c.d:port", "[v6]:port" or "hostname:port". */
 ncclResult_t sock_parse_addr(const char *s, union sock_addr *out);

@@ -10,9 +10,12 @@
 #include "comm.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "topology/discover.h"
+#include "topology/graph.h"
 #include "transport/net.h"
 #include "transport/transport.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -50,21 +53,108 @@ static ncclResult_t plugin_status = ncclSuccess;
 static char plugin_error[LOOM_ERR_LEN];
 static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;
 
+static const struct net_plugin *const builtin[] = {&net_ib_plugin, &net_socket_plugin};
+#define NBUILTIN (sizeof builtin / sizeof builtin[0])
+
+/* A plugin asked for by name is loaded at init, so that a wrong name or a
+ * plugin without devices fails there, naming NCCL_NET. */
 ncclResult_t net_check_name(const char *want) {
-  if (strcasecmp(want, "Socket") == 0)
+  if (want[0] == '\0')
     return ncclSuccess;
-  if (strcasecmp(want, "IB") == 0)
-    return err_set(ncclInvalidUsage, "NCCL_NET=IB: the InfiniBand plugin is not implemented yet; use Socket");
-  return err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; the plugins are: Socket", want);
+  const struct net_plugin *p;
+  return net_get_plugin(&p);
+}
+
+/* Initialises `p` and counts its devices; the reason it cannot serve, if
+ * not, stays in the thread's last error. */
+static ncclResult_t plugin_usable(const struct net_plugin *p) {
+  int n = 0;
+  CHECK(p->init());
+  CHECK(p->devices(&n));
+  if (n <= 0)
+    return err_set(ncclSystemError, "NET/%s: no device", p->name);
+  return ncclSuccess;
+}
+
+/* Scripts written for NCCL set it; refusing it would break them, obeying
+ * it is not possible yet, so it is checked and the user told. */
+static ncclResult_t gdr_level_check(void) {
+  const char *v = param_str(P_NET_GDR_LEVEL);
+  if (v[0] == '\0')
+    return ncclSuccess;
+  static const char *const ok[] = {"LOC", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    if (strcasecmp(v, ok[i]) == 0) {
+      WARN("NCCL_NET_GDR_LEVEL=%s: Loom has no GPUDirect RDMA yet; device buffers cross the network through "
+           "pinned host memory",
+           v);
+      return ncclSuccess;
+    }
+  return err_set(ncclInvalidArgument, "NCCL_NET_GDR_LEVEL=%s: expected LOC, PIX, PXB, PHB, SYS or 0-5", v);
 }
 
 static void plugin_load(void) {
-  plugin_status = net_check_name(param_str(P_NET));
+  const char *want = param_str(P_NET);
+  if ((plugin_status = gdr_level_check()) != ncclSuccess) {
+    snprintf(plugin_error, sizeof plugin_error, "%s", err_thread_last());
+    return;
+  }
+  const struct net_plugin *cand[NBUILTIN + 1];
+  int ncand = 0;
+  const struct net_plugin *ext = NULL;
+  const char *spec = param_str(P_NET_PLUGIN);
+  if (spec[0] == '\0') {
+    /* As NCCL does: a libnccl-net.so on the library path is the external
+     * plugin; its absence is the usual case and no warning. */
+    if (net_ext_load("libnccl-net.so", &ext) == ncclSuccess)
+      cand[ncand++] = ext;
+    else
+      INFO(LOG_NET | LOG_INIT, "no external network plugin: %s", err_thread_last());
+  } else if (strcasecmp(spec, "none") != 0) {
+    if (net_ext_load(spec, &ext) == ncclSuccess)
+      cand[ncand++] = ext;
+    else
+      WARN("NCCL_NET_PLUGIN=%s: %s; using the built-in network plugins", spec, err_thread_last());
+  }
+  for (size_t i = 0; i < NBUILTIN; i++)
+    cand[ncand++] = builtin[i];
+  char why[LOOM_ERR_LEN] = "";
+  const struct net_plugin *found = NULL;
+  plugin_status = ncclSuccess;
+  if (want[0] != '\0') {
+    for (int i = 0; i < ncand && !found; i++)
+      if (strcasecmp(want, cand[i]->name) == 0)
+        found = cand[i];
+    if (!found) {
+      plugin_status = err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; there are: %s%s%s", want,
+                              ext ? ext->name : "", ext ? ", " : "", "IB, Socket");
+    } else if ((plugin_status = plugin_usable(found)) != ncclSuccess) {
+      snprintf(why, sizeof why, "%s", err_thread_last());
+      plugin_status = err_set(plugin_status == ncclInvalidArgument ? ncclInvalidArgument : ncclSystemError,
+                              "NCCL_NET=%s cannot be used: %s", want, why);
+    }
+  } else {
+    /* The first plugin with a device (Socket always has one: loopback);
+     * a plugin that is absent is passed over, a wrong setting of it is
+     * not (NCCL_IB_HCA=mlx5_0:x). */
+    for (int i = 0; i < ncand && !found && plugin_status == ncclSuccess; i++) {
+      ncclResult_t r = plugin_usable(cand[i]);
+      if (r == ncclSuccess)
+        found = cand[i];
+      else if (r == ncclInvalidArgument)
+        plugin_status = r;
+      else
+        INFO(LOG_NET | LOG_INIT, "NET/%s not used: %s", cand[i]->name, err_thread_last());
+      snprintf(why, sizeof why, "%s", err_thread_last());
+    }
+    if (!found && plugin_status == ncclSuccess)
+      plugin_status = err_set(ncclSystemError, "no network plugin can be used: %s", why);
+  }
   if (plugin_status == ncclSuccess)
-    plugin = &net_socket_plugin;
-  if (plugin && (plugin_status = plugin->init()) == ncclSuccess)
+    plugin = found;
+  if (plugin_status == ncclSuccess)
     INFO(LOG_NET | LOG_INIT, "using network plugin %s", plugin->name);
-  if (plugin_status != ncclSuccess)
+  else
     snprintf(plugin_error, sizeof plugin_error, "%s", err_thread_last());
 }
 
@@ -76,6 +166,21 @@ ncclResult_t net_get_plugin(const struct net_plugin **out) {
   return ncclSuccess;
 }
 
+/* One plugin serves the whole process, so one name does. */
+static char conn_name[80];
+static pthread_once_t conn_name_once = PTHREAD_ONCE_INIT;
+
+static void conn_name_fill(void) {
+  int n = snprintf(conn_name, sizeof conn_name, "net/%s", plugin ? plugin->name : "?");
+  for (int i = 4; i < n && i < (int)sizeof conn_name; i++)
+    conn_name[i] = (char)tolower((unsigned char)conn_name[i]);
+}
+
+const char *net_conn_name(const struct conn *c) {
+  pthread_once(&conn_name_once, conn_name_fill);
+  return conn_name;
+}
+
 static int net_can_connect(struct ncclComm *comm, int peer) { return 1; }
 
 static void context(struct conn *c) {
@@ -83,11 +188,36 @@ static void context(struct conn *c) {
               ((struct net_priv *)c->priv)->p->name);
 }
 
+/* The plugin device of the NIC the topology search gave the channel, by
+ * name and port; where the plugin has no such device (a topology file,
+ * a plugin that names its devices otherwise), channels spread over the
+ * devices by index. */
+static ncclResult_t device_for(struct conn *c, const struct net_plugin *p, int *dev) {
+  int ndev = 0;
+  CHECK(p->devices(&ndev));
+  *dev = ndev > 1 ? c->channel % ndev : 0;
+  int nic = c->channel < c->comm->nchannels ? c->comm->channels[c->channel].nic : -1;
+  const struct topo_system *t;
+  if (nic < 0 || topo_get_system(&t) != ncclSuccess || nic >= t->n)
+    return ncclSuccess;
+  const struct topo_node *n = &t->nodes[nic];
+  for (int d = 0; d < ndev; d++) {
+    struct net_props pr;
+    if (p->get_properties(d, &pr) == ncclSuccess && strcmp(pr.name, n->name) == 0 &&
+        (n->port <= 0 || pr.port == n->port)) {
+      *dev = d;
+      break;
+    }
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   struct net_priv *np;
   CHECK(UTIL_CALLOC(&np, 1, "net connection"));
   c->priv = np;
   CHECK(net_get_plugin(&np->p));
+  CHECK(device_for(c, np->p, &np->dev));
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
   size_t stride = SLOT_HDR_BYTES + capacity;
   np->mem_size = NET_DATA_OFFSET + NCCL_STEPS * stride;
@@ -137,7 +267,7 @@ static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t le
     }
   }
   if (r == ncclSuccess)
-    r = np->p->reg_mr(np->comm, np->mem, np->mem_size, &np->mhandle);
+    r = np->p->reg_mr(np->comm, np->mem, np->mem_size, NET_PTR_HOST, &np->mhandle);
   if (r != ncclSuccess && r != ncclInProgress)
     context(c);
   return r;

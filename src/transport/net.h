@@ -11,15 +11,25 @@
 #define LOOM_NET_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "nccl.h"
 
 #define NET_HANDLE_MAXSIZE 128
 
+/* What memory a plugin can send from and receive into (NCCL's values). */
+#define NET_PTR_HOST 0x1
+#define NET_PTR_CUDA 0x2
+#define NET_PTR_DMABUF 0x4
+
 struct net_props {
   char name[64];
+  char pci_path[256]; /* the device's sysfs path, "" when unknown */
+  uint64_t guid;
+  int ptr_support;    /* NET_PTR_* */
   int speed_mbps;
   int port;
+  int latency_us;
   int max_comms;
 };
 
@@ -34,26 +44,42 @@ struct net_plugin {
   ncclResult_t (*listen)(int dev, void *handle, void **listen_comm);
   ncclResult_t (*connect)(int dev, const void *handle, void **send_comm);
   ncclResult_t (*accept)(void *listen_comm, void **recv_comm);
-  ncclResult_t (*reg_mr)(void *comm, void *data, size_t size, void **mhandle);
+  /* `type`: NET_PTR_HOST or NET_PTR_CUDA. */
+  ncclResult_t (*reg_mr)(void *comm, void *data, size_t size, int type, void **mhandle);
+  /* Device memory exported as a dma-buf; NULL where unsupported. */
+  ncclResult_t (*reg_mr_dmabuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                                void **mhandle);
   ncclResult_t (*dereg_mr)(void *comm, void *mhandle);
   ncclResult_t (*isend)(void *send_comm, void *data, size_t size, void *mhandle, void **request);
   ncclResult_t (*irecv)(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
   /* `size` gets the bytes received (or sent) once done. */
   ncclResult_t (*test)(void *request, int *done, size_t *size);
+  /* After a receive into device memory that the NIC wrote directly: makes
+   * the data visible to the GPU. NULL, or *request NULL, when not needed. */
+  ncclResult_t (*iflush)(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
   ncclResult_t (*close_send)(void *send_comm);
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
 };
 
-#define NET_PLUGIN_VERSION 1
+#define NET_PLUGIN_VERSION 2
 
 extern const struct net_plugin net_socket_plugin;
+extern const struct net_plugin net_ib_plugin;
 
-/* Whether a plugin of this name exists (NCCL_NET), with the sentence if
- * not; init checks it before anything needs the network. */
+/* Whether NCCL_NET can name a plugin, with the sentence if not; init
+ * checks it before anything needs the network. */
 ncclResult_t net_check_name(const char *name);
 
-/* The plugin NCCL_NET names, initialised on first use. */
+/* The plugin in use, chosen and initialised on first use: the one NCCL_NET
+ * names, or by default the first with a device of: the external plugin
+ * (NCCL_NET_PLUGIN), IB, Socket. */
 ncclResult_t net_get_plugin(const struct net_plugin **out);
+
+/* An external plugin (src/transport/net_ext.c): loads the library that
+ * NCCL_NET_PLUGIN names (`spec`) and adapts NCCL's versioned ncclNet_vN
+ * table to a net_plugin. An error says why it cannot be used; the caller
+ * warns and goes on with the built-in plugins. */
+ncclResult_t net_ext_load(const char *spec, const struct net_plugin **out);
 
 #endif

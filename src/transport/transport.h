@@ -123,6 +123,22 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms);
 
 void transport_free_conn(struct conn *c);
 
+/* "net/<plugin>" in lower case, for a connection of the net transport. */
+const char *net_conn_name(const struct conn *c);
+
+/* What this build has, for the banner and loomTransports(). */
+#if LOOM_HAVE_CUDA
+#define TRANSPORTS_P2P_ "p2p "
+#else
+#define TRANSPORTS_P2P_ ""
+#endif
+#if LOOM_HAVE_IBVERBS_HEADERS
+#define TRANSPORTS_IB_ " net/ib"
+#else
+#define TRANSPORTS_IB_ ""
+#endif
+#define TRANSPORTS_BUILT TRANSPORTS_P2P_ "shm net/socket" TRANSPORTS_IB_
+
 /* Waiting helpers shared by transports. */
 ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
 

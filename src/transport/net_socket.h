@@ -1,0 +1,123 @@
+/*
+ * The socket plugin's insides, shared by net_socket.c (devices, the
+ * connection handshake, the control stream driven by test()) and
+ * net_socket_thread.c (the helper threads that move large messages).
+ *
+ * A connection is one control socket plus nsocks = nthreads x
+ * nsocks_per_thread data sockets. Every message starts on the control
+ * socket with its 64-bit length. A message of at most min_task bytes (and
+ * every message when nsocks is 0) follows its length on the control
+ * socket, moved by whoever calls test(): no thread stands between a small
+ * message and the wire. A larger one is cut into chunks of
+ * chunk_bytes(len) (at least min_task, at most nsocks of them) that go to
+ * consecutive data sockets, starting where the previous large message
+ * stopped; helper thread t moves the chunks of sockets t, t + nthreads,
+ * ... in the order they were queued. Both sides cut by the same rule in
+ * the same message order, so each side knows which bytes a socket
+ * carries: the receiver learns a message's length from the control socket
+ * before it queues its chunks. The receiving side chooses nsocks,
+ * nthreads and min_task and puts them in the handle.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_NET_SOCKET_H
+#define LOOM_NET_SOCKET_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "misc/socket.h"
+#include "nccl.h"
+
+#define SOCK_MAX_REQS (2 * NCCL_STEPS)
+#define SOCK_MAX_SOCKS 64   /* NCCL's cap on nthreads x nsocks_per_thread */
+#define SOCK_MAX_THREADS 16 /* NCCL's cap on NCCL_SOCKET_NTHREADS */
+
+struct sock_comm;
+struct sock_req;
+
+/* One chunk of a large message on one data socket. */
+struct sock_task {
+  struct sock_req *req;
+  char *data;
+  size_t size, moved;
+};
+
+struct sock_req {
+  struct sock_comm *comm;
+  int used, is_send;
+  int ctrl_done;   /* the length, and an inline payload, have moved */
+  char *data;
+  size_t size;     /* posted size (recv) or message size (send) */
+  uint64_t len;    /* the length word on the wire */
+  size_t hdr_done; /* bytes of the length word moved */
+  size_t moved;    /* inline payload bytes moved */
+  _Atomic int pending; /* chunks the helpers have not finished */
+  struct sock_task tasks[SOCK_MAX_SOCKS];
+};
+
+/* A data socket and its queue of chunks, oldest first. The queue belongs
+ * to the socket's helper and is guarded by its lock. */
+struct sock_stream {
+  int fd;
+  struct sock_task *q[SOCK_MAX_REQS];
+  unsigned head, tail;
+};
+
+struct sock_helper {
+  struct sock_comm *comm;
+  int index;
+  int started;
+  pthread_t thread;
+  int efd; /* eventfd: new chunks on an idle socket, or stop */
+  pthread_mutex_t lock;
+  unsigned gen; /* counts queued chunks, so a sleeper misses none */
+  int sleeping, kicked, stop;
+};
+
+struct sock_comm {
+  int fd; /* control socket */
+  int is_send;
+  int nsocks, nthreads;
+  size_t min_task;
+  unsigned next_sock; /* where the next large message's first chunk goes */
+  struct sock_stream socks[SOCK_MAX_SOCKS];
+  struct sock_helper helpers[SOCK_MAX_THREADS];
+  /* The connector's progress: socket i (nsocks: the control socket) is
+   * not started (0), connecting (1), greeting (2) or up (3). */
+  uint8_t link_state[SOCK_MAX_SOCKS + 1];
+  uint8_t link_sent[SOCK_MAX_SOCKS + 1];
+  int nlinks_up;
+  uint64_t cookie, conn_id;
+  union sock_addr peer;
+  char where[SOCK_ADDR_STRLEN];
+  struct sock_req reqs[SOCK_MAX_REQS];
+  unsigned head, tail; /* requests in flight: [head, tail) */
+  /* The first failure, from the caller's thread or a helper's. */
+  pthread_mutex_t fail_lock;
+  _Atomic int failed; /* an ncclResult_t, ncclSuccess while none */
+  _Atomic int helper_failed; /* a data socket broke, not just the control one */
+  char why[256];
+};
+
+/* Records the comm's first failure and returns `code`. */
+ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The sentence for a send() or recv() that ended the stream (n == 0) or
+ * failed with `err`. */
+const char *sock_broken_reason(ssize_t n, int err);
+
+/* Bytes per chunk of a large message of `len` bytes. */
+size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len);
+
+/* Cuts request `r` (len known) into chunks and queues them on the data
+ * sockets, starting helpers as needed. */
+ncclResult_t sock_dispatch(struct sock_comm *c, struct sock_req *r);
+
+/* Stops and joins the comm's helpers and closes their eventfds. */
+void sock_helpers_stop(struct sock_comm *c);
+
+#endif

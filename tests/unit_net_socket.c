@@ -1,0 +1,330 @@
+/*
+ * The socket plugin on its own, both ends in this process over loopback:
+ * messages of every size around the split threshold arrive whole and in
+ * order with each shape of threads and sockets; a message larger than the
+ * posted buffer is refused; a peer that closes fails what it left
+ * unfinished with the usual sentence; the handshake files sockets under
+ * the right connection whatever order they come in, and drops strangers;
+ * closing joins the helper threads and closes every descriptor.
+ */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "misc/socket.h"
+#include "misc/utils.h"
+#include "transport/net.h"
+#include "test.h"
+
+static const struct net_plugin *P = &net_socket_plugin;
+
+static int count_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  ASSERT(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static void set_shape(int nthreads, int nspt, long min_task) {
+  char v[32];
+  snprintf(v, sizeof v, "%d", nthreads);
+  setenv("NCCL_SOCKET_NTHREADS", v, 1);
+  snprintf(v, sizeof v, "%d", nspt);
+  setenv("NCCL_NSOCKS_PERTHREAD", v, 1);
+  snprintf(v, sizeof v, "%ld", min_task);
+  setenv("NCCL_SOCKET_MIN_TASKSIZE", v, 1);
+}
+
+/* Connects a send comm to a recv comm, driving both state machines. */
+static void pair(void **s, void **r) {
+  char handle[NET_HANDLE_MAXSIZE];
+  void *l = NULL;
+  ASSERT_OK(P->listen(0, handle, &l));
+  *s = *r = NULL;
+  int sdone = 0, rdone = 0;
+  for (int spin = 0; !(sdone && rdone); spin++) {
+    ASSERT_MSG(spin < 1000000, "connection never completed");
+    if (!sdone) {
+      ncclResult_t e = P->connect(0, handle, s);
+      ASSERT_MSG(e == ncclSuccess || e == ncclInProgress, "connect: %s", err_thread_last());
+      sdone = e == ncclSuccess;
+    }
+    if (!rdone) {
+      ncclResult_t e = P->accept(l, r);
+      ASSERT_MSG(e == ncclSuccess || e == ncclInProgress, "accept: %s", err_thread_last());
+      rdone = e == ncclSuccess;
+    }
+  }
+  ASSERT_OK(P->close_listen(l));
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = (unsigned char)((i * 131 + seed * 7919 + (i >> 12)) & 255);
+}
+
+/* Waits for `req`; its result. */
+static ncclResult_t wait_req(void *req, size_t *size) {
+  for (;;) {
+    int done = 0;
+    ncclResult_t r = P->test(req, &done, size);
+    if (r != ncclSuccess || done)
+      return r;
+  }
+}
+
+/* Waits for two requests at once (either may be NULL): a large send
+ * finishes only when the receiver reads, which takes its test() calls. */
+static void wait_two(void *a, size_t *asz, void *b, size_t *bsz) {
+  int adone = a == NULL, bdone = b == NULL;
+  while (!adone || !bdone) {
+    if (!adone)
+      ASSERT_MSG(P->test(a, &adone, asz) == ncclSuccess, "%s", err_thread_last());
+    if (!bdone)
+      ASSERT_MSG(P->test(b, &bdone, bsz) == ncclSuccess, "%s", err_thread_last());
+  }
+}
+
+/* Sends `n` messages of the given sizes through a fresh pair, `depth` in
+ * flight at once, into buffers `slack` bytes larger, and checks them. */
+static void roundtrip(const size_t *sizes, int n, int depth, size_t slack) {
+  void *s, *r;
+  pair(&s, &r);
+  size_t total = 0;
+  for (int i = 0; i < n; i++)
+    total += sizes[i] + slack;
+  unsigned char *src = malloc(total ? total : 1), *dst = malloc(total ? total : 1);
+  ASSERT(src && dst);
+  memset(dst, 0xee, total);
+  size_t *off = calloc((size_t)n, sizeof *off);
+  void **sreq = calloc((size_t)n, sizeof *sreq), **rreq = calloc((size_t)n, sizeof *rreq);
+  for (int i = 1; i < n; i++)
+    off[i] = off[i - 1] + sizes[i - 1] + slack;
+  for (int i = 0; i < n; i++)
+    fill(src + off[i], sizes[i], (unsigned)i);
+  int posted = 0, finished = 0;
+  while (finished < n) {
+    while (posted < n && posted - finished < depth) {
+      ASSERT_OK(P->irecv(r, dst + off[posted], sizes[posted] + slack, NULL, &rreq[posted]));
+      ASSERT_OK(P->isend(s, src + off[posted], sizes[posted], NULL, &sreq[posted]));
+      ASSERT(rreq[posted] && sreq[posted]);
+      posted++;
+    }
+    size_t got = 0, sent = 0;
+    wait_two(sreq[finished], &sent, rreq[finished], &got);
+    ASSERT_MSG(got == sizes[finished] && sent == sizes[finished], "message %d: %zu bytes sent, %zu received of %zu",
+               finished, sent, got, sizes[finished]);
+    ASSERT_MSG(memcmp(src + off[finished], dst + off[finished], sizes[finished]) == 0,
+               "message %d of %zu bytes arrived changed", finished, sizes[finished]);
+    for (size_t k = 0; k < slack; k++)
+      ASSERT_MSG(dst[off[finished] + sizes[finished] + k] == 0xee, "message %d wrote past its end", finished);
+    finished++;
+  }
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  free(src);
+  free(dst);
+  free(off);
+  free(sreq);
+  free(rreq);
+}
+
+static void shapes(void) {
+  static const size_t sizes[] = {0,      1,      100,        4095,    4096,        4097,      65535,
+                                 65536,  65537,  131072 + 5, 262144,  262144 + 64, 1000000,   (1 << 20) + 3,
+                                 12345,  0,      (4 << 20) + 7, 77,   65536 * 3 + 1, 8 << 20, 3};
+  int n = (int)(sizeof sizes / sizeof sizes[0]);
+  struct {
+    int nt, ns;
+    long min;
+  } shape[] = {{0, 1, 65536}, {1, 1, 65536}, {2, 2, 65536}, {3, 2, 4096}, {1, 4, 1000}, {16, 4, 65536}, {4, 1, 1}};
+  for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++) {
+    set_shape(shape[k].nt, shape[k].ns, shape[k].min);
+    roundtrip(sizes, n, 1, 0);
+    roundtrip(sizes, n, 8, 3);
+    roundtrip(sizes, n, 16, 0);
+  }
+}
+
+/* The ring of requests is full at 2 x NCCL_STEPS: further posts get no
+ * request, and work again once one finishes. */
+static void ring_full(void) {
+  set_shape(2, 1, 65536);
+  void *s, *r;
+  pair(&s, &r);
+  static char buf[64][4];
+  void *req[64];
+  int n = 0;
+  for (; n < 64; n++) {
+    ASSERT_OK(P->irecv(r, buf[n], sizeof buf[n], NULL, &req[n]));
+    if (!req[n])
+      break;
+  }
+  ASSERT_MSG(n == 2 * NCCL_STEPS, "%d receives posted", n);
+  void *sr;
+  ASSERT_OK(P->isend(s, "abc", 4, NULL, &sr));
+  wait_two(sr, NULL, req[0], NULL);
+  ASSERT(memcmp(buf[0], "abc", 4) == 0);
+  void *again;
+  ASSERT_OK(P->irecv(r, buf[0], 4, NULL, &again));
+  ASSERT(again != NULL);
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+}
+
+/* A message larger than the buffer posted for it is refused, small or
+ * split. */
+static void too_large(size_t posted, size_t sent) {
+  void *s, *r;
+  pair(&s, &r);
+  char *src = calloc(1, sent), *dst = calloc(1, posted);
+  void *sr, *rr;
+  ASSERT_OK(P->irecv(r, dst, posted, NULL, &rr));
+  ASSERT_OK(P->isend(s, src, sent, NULL, &sr));
+  ncclResult_t e = ncclSuccess;
+  int sdone = 0, rdone = 0;
+  while (e == ncclSuccess && !rdone) {
+    if (!sdone)
+      ASSERT_OK(P->test(sr, &sdone, NULL)); /* the length goes out when the sender is tested */
+    e = P->test(rr, &rdone, NULL);
+  }
+  char want[96];
+  snprintf(want, sizeof want, "sent a message of %zu bytes into a %zu-byte buffer", sent, posted);
+  ASSERT_MSG(e == ncclInvalidUsage && strstr(err_thread_last(), want), "got %d: %s", (int)e, err_thread_last());
+  ASSERT_OK(P->close_recv(r));
+  ASSERT_OK(P->close_send(s));
+  free(src);
+  free(dst);
+}
+
+/* One side goes away: what the other left unfinished fails with the
+ * sentence every transport uses for it. A large message is cut off in
+ * the middle: it is more than the kernel's buffers hold. */
+static void peer_closes(int close_sender, size_t size) {
+  void *s, *r;
+  pair(&s, &r);
+  char *buf = calloc(1, size);
+  void *req, *sr;
+  ncclResult_t e;
+  if (close_sender) {
+    ASSERT_OK(P->irecv(r, buf, size, NULL, &req));
+    ASSERT_OK(P->isend(s, buf, size / 2, NULL, &sr));
+    wait_two(sr, NULL, req, NULL); /* a first message goes through */
+    ASSERT_OK(P->irecv(r, buf, size, NULL, &req));
+    if (size > (1 << 20)) {
+      ASSERT_OK(P->isend(s, buf, size, NULL, &sr));
+      int done = 0;
+      ASSERT_OK(P->test(sr, &done, NULL)); /* it starts, then the sender is gone */
+    }
+    ASSERT_OK(P->close_send(s));
+    e = wait_req(req, NULL);
+  } else {
+    ASSERT_OK(P->close_recv(r));
+    /* The kernel may take a small message or two before the reset comes
+     * back: keep sending until a send fails. */
+    e = ncclSuccess;
+    for (int k = 0; k < 10000 && e == ncclSuccess; k++) {
+      ASSERT_OK(P->isend(s, buf, size, NULL, &req));
+      e = wait_req(req, NULL);
+    }
+  }
+  ASSERT_MSG(e == ncclRemoteError && strstr(err_thread_last(), "was closed by the peer (it exited or aborted)"),
+             "%s %zu: got %d: %s", close_sender ? "sender closed" : "receiver closed", size, (int)e,
+             err_thread_last());
+  ASSERT_OK(close_sender ? P->close_recv(r) : P->close_send(s));
+  free(buf);
+}
+
+/* A stranger's connection to the listener (no cookie) is dropped; two
+ * connections whose sockets arrive interleaved are told apart. */
+static void handshake(void) {
+  set_shape(2, 2, 4096);
+  char handle[NET_HANDLE_MAXSIZE];
+  void *l = NULL;
+  ASSERT_OK(P->listen(0, handle, &l));
+  /* The handle starts with an 8-byte magic, then the address. */
+  union sock_addr addr;
+  memcpy(&addr, handle + 8, sizeof addr);
+  int stranger = -1;
+  ASSERT_OK(sock_connect(&addr, time_ns() + 5000000000ull, 0, "the listener", &stranger));
+  char junk[24];
+  memset(junk, 0x5a, sizeof junk);
+  ASSERT(write(stranger, junk, sizeof junk) == (ssize_t)sizeof junk);
+  void *s[2] = {NULL, NULL}, *r[2] = {NULL, NULL};
+  int sdone[2] = {0, 0}, nr = 0;
+  for (int spin = 0; !(sdone[0] && sdone[1] && nr == 2); spin++) {
+    ASSERT_MSG(spin < 1000000, "connections never completed");
+    for (int k = 0; k < 2; k++)
+      if (!sdone[k]) {
+        ncclResult_t e = P->connect(0, handle, &s[k]);
+        ASSERT_MSG(e == ncclSuccess || e == ncclInProgress, "connect: %s", err_thread_last());
+        sdone[k] = e == ncclSuccess;
+      }
+    if (nr < 2) {
+      ncclResult_t e = P->accept(l, &r[nr]);
+      ASSERT_MSG(e == ncclSuccess || e == ncclInProgress, "accept: %s", err_thread_last());
+      nr += e == ncclSuccess;
+    }
+  }
+  ASSERT_OK(P->close_listen(l));
+  close(stranger);
+  /* Each accepted comm carries exactly one connection's message, whole. */
+  enum { N = 300000 };
+  static unsigned char src[2][N], dst[2][N];
+  void *sr[2], *rr[2];
+  for (int k = 0; k < 2; k++) {
+    fill(src[k], N, 40u + (unsigned)k);
+    ASSERT_OK(P->isend(s[k], src[k], N, NULL, &sr[k]));
+    ASSERT_OK(P->irecv(r[k], dst[k], N, NULL, &rr[k]));
+  }
+  int done[4] = {0};
+  while (!(done[0] && done[1] && done[2] && done[3]))
+    for (int k = 0; k < 2; k++) {
+      if (!done[k])
+        ASSERT_OK(P->test(sr[k], &done[k], NULL));
+      if (!done[2 + k])
+        ASSERT_OK(P->test(rr[k], &done[2 + k], NULL));
+    }
+  int from[2];
+  for (int k = 0; k < 2; k++) {
+    from[k] = memcmp(dst[k], src[0], N) == 0 ? 0 : memcmp(dst[k], src[1], N) == 0 ? 1 : -1;
+    ASSERT_MSG(from[k] >= 0, "accepted comm %d received a mix of both connections", k);
+  }
+  ASSERT(from[0] != from[1]);
+  for (int k = 0; k < 2; k++) {
+    ASSERT_OK(P->close_send(s[k]));
+    ASSERT_OK(P->close_recv(r[k]));
+  }
+}
+
+TEST_IMPL(unit_net_socket) {
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  ASSERT_OK(P->init());
+  int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+  shapes();
+  ring_full();
+  set_shape(0, 1, 65536);
+  too_large(1000, 5000);
+  set_shape(2, 2, 65536);
+  too_large(1000, 5000);
+  too_large(512 << 10, 1 << 20);
+  for (int nt = 0; nt <= 2; nt++) {
+    set_shape(nt, 2, 65536);
+    peer_closes(1, 1000);
+    peer_closes(1, 64 << 20);
+    peer_closes(0, 1000);
+    peer_closes(0, 64 << 20);
+  }
+  handshake();
+  ASSERT_MSG(count_entries("/proc/self/fd") == fds, "%d descriptors open, %d before",
+             count_entries("/proc/self/fd"), fds);
+  ASSERT_MSG(count_entries("/proc/self/task") == threads, "%d threads, %d before",
+             count_entries("/proc/self/task"), threads);
+  return 0;
+}
