@@ -498,12 +498,10 @@ static ncclResult_t sock_irecv(void *recv_comm, void *data, size_t size, void *m
   return post(recv_comm, 0, data, size, request);
 }
 
-/* Moves bytes of the control stream on `fd`: 1 done, 0 would block, -1
- * failed (recorded on the comm). */
-static int ctrl_move(struct sock_comm *c, int sending, char *p, size_t len, size_t *done) {
+int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t len, size_t *done) {
   while (*done < len) {
-    ssize_t n = sending ? send(c->fd, p + *done, len - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                        : recv(c->fd, p + *done, len - *done, MSG_DONTWAIT);
+    ssize_t n = sending ? send(fd, p + *done, len - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, p + *done, len - *done, MSG_DONTWAIT);
     int e = errno;
     if (n > 0) {
       *done += (size_t)n;
@@ -527,7 +525,7 @@ static void progress(struct sock_comm *c) {
     struct sock_req *r = &c->reqs[i % SOCK_MAX_REQS];
     if (r->ctrl_done)
       continue;
-    if (ctrl_move(c, r->is_send, (char *)&r->len, sizeof r->len, &r->hdr_done) <= 0)
+    if (sock_stream_move(c, c->fd, r->is_send, (char *)&r->len, sizeof r->len, &r->hdr_done) <= 0)
       return;
     if (!r->is_send && r->len > r->size) {
       sock_comm_fail(c, ncclInvalidUsage, "%s sent a message of %llu bytes into a %zu-byte buffer", c->where,
@@ -540,7 +538,7 @@ static void progress(struct sock_comm *c) {
       r->ctrl_done = 1;
       continue;
     }
-    if (ctrl_move(c, r->is_send, r->data, (size_t)r->len, &r->moved) <= 0)
+    if (sock_stream_move(c, c->fd, r->is_send, r->data, (size_t)r->len, &r->moved) <= 0)
       return;
     r->ctrl_done = 1;
   }

@@ -111,6 +111,10 @@ ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *
 const char *sock_broken_reason(ssize_t n, int err);
 
 /* Bytes per chunk of a large message of `len` bytes. */
+/* Moves bytes of one stream of `c` on `fd` without blocking, from *done
+ * to len: 1 all moved, 0 the socket would block, -1 the connection failed
+ * (recorded on the comm). */
+int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t len, size_t *done);
 size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len);
 
 /* Cuts request `r` (len known) into chunks and queues them on the data

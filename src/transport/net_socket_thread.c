@@ -54,24 +54,10 @@ size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len) {
 /* 1: the chunk has moved; 0: the socket would block; -1: the connection
  * failed (recorded on the comm). */
 static int move_task(struct sock_comm *c, int fd, struct sock_task *t) {
-  while (t->moved < t->size) {
-    size_t left = t->size - t->moved;
-    ssize_t n = c->is_send ? send(fd, t->data + t->moved, left, MSG_NOSIGNAL | MSG_DONTWAIT)
-                           : recv(fd, t->data + t->moved, left, MSG_DONTWAIT);
-    int e = errno;
-    if (n > 0) {
-      t->moved += (size_t)n;
-      continue;
-    }
-    if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK))
-      return 0;
-    if (n < 0 && e == EINTR)
-      continue;
-    sock_comm_fail(c, ncclRemoteError, "the connection with %s %s", c->where, sock_broken_reason(n, e));
+  int r = sock_stream_move(c, fd, c->is_send, t->data, t->size, &t->moved);
+  if (r < 0)
     atomic_store(&c->helper_failed, 1);
-    return -1;
-  }
-  return 1;
+  return r;
 }
 
 static struct sock_task *queue_head(struct sock_helper *h, struct sock_stream *st) {
