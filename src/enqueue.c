@@ -387,6 +387,8 @@ static ncclResult_t progress_conn(struct conn *c) {
 
 static ncclResult_t check_conn(struct conn *c) { return (c && c->tr->check) ? c->tr->check(c) : ncclSuccess; }
 
+static ncclResult_t failed_conn(struct conn *c) { return (c && c->tr->failed) ? c->tr->failed(c) : ncclSuccess; }
+
 static void fail_context(const struct work *w, const char *what) {
   char desc[200];
   task_describe(w->task, desc, sizeof desc);
@@ -446,9 +448,11 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
       struct work *w = p->lanes[l].head;
       if (!w)
         continue;
+      /* A failure of its own comes first: it is the cause, while a peer
+       * that has exited may only have seen it first. */
+      ncclResult_t r = each_conn(w, failed_conn);
       struct conn *blocked[WORK_MAX_PEERS];
       int nb = exec_waiting_on(w, blocked);
-      ncclResult_t r = ncclSuccess;
       for (int k = 0; k < nb && r == ncclSuccess; k++)
         r = check_conn(blocked[k]);
       if (r != ncclSuccess) {

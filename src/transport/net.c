@@ -336,10 +336,13 @@ static ncclResult_t net_progress(struct conn *c) {
 
 static int net_flushed(struct conn *c) { return atomic_load(c->fifo.head) == atomic_load(c->fifo.tail); }
 
-static ncclResult_t net_check(struct conn *c) {
+static ncclResult_t net_failed(struct conn *c) {
   struct net_priv *np = c->priv;
-  if (np->error != ncclSuccess)
-    return err_set(np->error, "%s", np->why);
+  return np && np->error != ncclSuccess ? err_set(np->error, "%s", np->why) : ncclSuccess;
+}
+
+static ncclResult_t net_check(struct conn *c) {
+  CHECK(net_failed(c));
   return transport_peer_alive(c->comm, c->peer);
 }
 
@@ -379,6 +382,7 @@ const struct transport transport_net = {
     .progress = net_progress,
     .flushed = net_flushed,
     .check = net_check,
+    .failed = net_failed,
     .poison = net_poison,
     .free = net_free,
 };

@@ -77,6 +77,11 @@ struct transport {
   int (*flushed)(struct conn *c);
   /* Called while a wait makes no progress: the error if the peer is gone. */
   ncclResult_t (*check)(struct conn *c);
+  /* The failure progress recorded on this connection, if any, without
+   * asking about the peer; NULL where progress cannot fail. Asked of every
+   * connection of a stalled operation, not only the awaited one: a failed
+   * send can leave every rank of a ring waiting on a receive. */
+  ncclResult_t (*failed)(struct conn *c);
   /* Tells the peer that this side failed, so it stops waiting. */
   void (*poison)(struct conn *c);
   void (*free)(struct conn *c);
