@@ -152,60 +152,71 @@ static ncclResult_t finish(struct ncclComm *comm, ncclResult_t r) {
   return api_finish(comm, r);
 }
 
+/* A call runs between comm_enter and comm_leave, so that ncclCommAbort
+ * from another thread waits for it instead of freeing what it uses. */
+static ncclResult_t call(struct ncclComm *comm, struct task *t, cudaStream_t stream, const char *func) {
+  ncclResult_t r = comm_enter(comm, func);
+  if (r == ncclSuccess)
+    r = submit(comm, t, stream, func);
+  r = finish(comm, r);
+  comm_leave(comm);
+  return r;
+}
+
 #define TASK(...) ((struct task){__VA_ARGS__})
 
 NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_ALLREDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
                        .dtype = datatype, .op = op, .root = -1, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclAllReduce"));
+  return call(comm, &t, stream, "ncclAllReduce");
 }
 
 NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_ALLGATHER, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = sendcount,
                        .dtype = datatype, .op = ncclSum, .root = -1, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclAllGather"));
+  return call(comm, &t, stream, "ncclAllGather");
 }
 
 NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_REDUCESCATTER, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = recvcount,
                        .dtype = datatype, .op = op, .root = -1, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclReduceScatter"));
+  return call(comm, &t, stream, "ncclReduceScatter");
 }
 
 NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          int root, ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_BROADCAST, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
                        .dtype = datatype, .op = ncclSum, .root = root, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclBroadcast"));
+  return call(comm, &t, stream, "ncclBroadcast");
 }
 
 NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
          cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_BROADCAST, .sendbuff = buff, .recvbuff = buff, .count = count,
                        .dtype = datatype, .op = ncclSum, .root = root, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclBcast"));
+  return call(comm, &t, stream, "ncclBcast");
 }
 
 NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_REDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
                        .dtype = datatype, .op = op, .root = root, .peer = -1);
-  return finish(comm, submit(comm, &t, stream, "ncclReduce"));
+  return call(comm, &t, stream, "ncclReduce");
 }
 
 NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
          ncclComm_t comm, cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_SEND, .sendbuff = sendbuff, .recvbuff = NULL, .count = count, .dtype = datatype,
                        .op = ncclSum, .root = -1, .peer = peer);
-  return finish(comm, submit(comm, &t, stream, "ncclSend"));
+  return call(comm, &t, stream, "ncclSend");
 }
 
 NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
          cudaStream_t stream) {
   struct task t = TASK(.coll = COLL_RECV, .sendbuff = NULL, .recvbuff = recvbuff, .count = count, .dtype = datatype,
                        .op = ncclSum, .root = -1, .peer = peer);
-  return finish(comm, submit(comm, &t, stream, "ncclRecv"));
+  return call(comm, &t, stream, "ncclRecv");
 }

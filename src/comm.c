@@ -13,11 +13,14 @@
 #include "exec/dtype.h"
 #include "loom.h"
 #include "misc/cudamem.h"
+#include "misc/utils.h"
+#include "status.h"
 #include "transport/transport.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
@@ -87,6 +90,7 @@ static void free_conn_cb(struct conn *c) { transport_free_conn(c); }
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
     return;
+  status_comm_remove(comm);
   /* Kernels first: they use the connections' memory, which is freed on
    * the communicator's device. */
   int saved_dev = comm->is_host ? -1 : cuda_current_device();
@@ -146,12 +150,42 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   return ncclSuccess;
 }
 
+ncclResult_t comm_enter(struct ncclComm *comm, const char *func) {
+  if (comm == NULL || comm->magic != COMM_MAGIC)
+    return ncclSuccess;
+  /* Sequentially consistent on both sides (here, and abort's flag store
+   * then load of in_call): either this sees the abort or abort sees us. */
+  atomic_store(&comm->in_call, 1);
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST))
+    return err_set(ncclInvalidUsage, "%s: the communicator is being aborted (ncclCommAbort)", func);
+  return ncclSuccess;
+}
+
+void comm_leave(struct ncclComm *comm) {
+  if (comm != NULL && comm->magic == COMM_MAGIC)
+    atomic_store_explicit(&comm->in_call, 0, memory_order_release);
+}
+
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm == NULL)
     return ncclSuccess;
   if (comm->magic != COMM_MAGIC)
     return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommAbort: comm is not a communicator"));
-  comm->abort_flag = 1;
+  __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
+  /* A thread inside a call notices the flag at its next check (every
+   * 100 ms of a wait) and returns ncclInvalidUsage; only then may the
+   * connections and memory it uses go. */
+  uint64_t t0 = time_ns();
+  int warned = 0;
+  while (atomic_load(&comm->in_call)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+    if (!warned && time_ns() - t0 > 5000000000ull) {
+      WARN("rank %d: ncclCommAbort has waited 5 s for the thread inside a call on this communicator to return",
+           comm->rank);
+      warned = 1;
+    }
+  }
   for_each_conn(comm, poison_conn);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);

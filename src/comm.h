@@ -16,6 +16,7 @@
 struct bootstrap;
 struct conn;
 struct task;
+struct status_rec;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -98,10 +99,15 @@ struct ncclComm {
 
   /* Set by ncclCommAbort or by a failure; every wait polls it. */
   volatile int abort_flag;
+  /* 1 while a thread is inside a call on this communicator (NCCL allows
+   * one at a time): ncclCommAbort from another thread waits for it to see
+   * abort_flag and leave before it frees anything. */
+  _Atomic int in_call;
   ncclResult_t async_error;
   char last_error[LOOM_ERR_LEN];
   int finalized;
   uint64_t coll_seq; /* collectives started, for diagnostics */
+  struct status_rec *status; /* this communicator's line in the status page, NULL if none */
 
   /* Group bookkeeping (owned by the thread in the group). */
   struct task *tasks_head, *tasks_tail;
@@ -122,6 +128,14 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
 /* Marks the communicator broken after a failure that leaves its
  * connections in an unknown state, and tells the peers. */
 void comm_set_error(struct ncclComm *comm, ncclResult_t res);
+
+/* Brackets a call that may wait on peers, against ncclCommAbort from
+ * another thread: enter fails (with the sentence) if an abort has begun;
+ * leave must be the call's last touch of the communicator. Both do
+ * nothing for a pointer that is not a communicator (the call's own checks
+ * say so). */
+ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
+void comm_leave(struct ncclComm *comm);
 
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);

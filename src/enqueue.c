@@ -15,6 +15,7 @@
 #include "exec/slot.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "status.h"
 #include "transport/transport.h"
 
 #include <stdio.h>
@@ -436,8 +437,14 @@ static ncclResult_t check_crossed(struct comm_plan *p, struct conn *c) {
 /* Periodic checks while nothing moves: abort, dead peers, mismatched
  * calls, the timeout. */
 static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_ns) {
+  uint64_t since = time_ns() - idle_ns;
   for (int i = 0; i < n; i++) {
     struct comm_plan *p = &plans[i];
+    for (int l = 0; l < p->nlanes; l++)
+      if (p->lanes[l].head) {
+        status_waiting(p->comm, p->lanes[l].head, since);
+        break;
+      }
     for (int c = 0; c < p->comm->nchannels; c++)
       CHECK(check_crossed(p, p->comm->ring_recv[c]));
     for (struct conn *c = p->comm->extra_conns; c; c = c->next_extra)
@@ -460,8 +467,13 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
         return r;
       }
       if (idle_ns >= (uint64_t)timeout_seconds() * 1000000000ull) {
-        char wait[256];
+        /* The ranks this one waits for may wait for others in turn: on
+         * this host their status pages name the one everybody waits on. */
+        char wait[LOOM_ERR_LEN - 200];
         exec_describe_wait(w, wait, sizeof wait);
+        if (nb > 0)
+          status_explain_peer(p->comm, blocked[0]->peer, wait, sizeof wait);
+        status_log(p->comm);
         r = err_set(ncclRemoteError, "no progress for LOOM_TIMEOUT=%llds while waiting for %s",
                     (long long)timeout_seconds(), wait);
         fail_context(w, "");
@@ -520,7 +532,12 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
       return ncclSuccess;
     if (moved) {
       wait_reset(&wt);
+      if (next_check != 0) { /* it had stalled long enough to be reported */
+        for (int i = 0; i < n; i++)
+          status_moving(plans[i].comm);
+      }
       last_moved = 0;
+      next_check = 0;
       idle = 0;
       continue;
     }
@@ -582,6 +599,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   uint64_t seq = comm->coll_seq++;
   if (t->count == 0)
     return ncclSuccess;
+  status_op_start(comm, t, seq, 1);
   struct lane lane = {0};
   struct comm_plan p = {.comm = comm, .lanes = &lane, .nlanes = 1};
   ncclResult_t r = ncclSuccess;
@@ -615,6 +633,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
     plans_free(&p, 1);
     comm_set_error(comm, r);
   }
+  status_op_end(comm, r);
   return r;
 }
 
@@ -666,6 +685,12 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   for (int i = 0; i < ncomms; i++)
     any_cuda |= !comms[i]->is_host;
   int saved_dev = any_cuda ? cuda_current_device() : -1;
+  for (int i = 0; i < ncomms; i++) {
+    int ntasks = 0;
+    for (struct task *t = comms[i]->tasks_head; t; t = t->next)
+      ntasks++;
+    status_op_start(comms[i], comms[i]->tasks_head, comms[i]->coll_seq, ntasks);
+  }
   for (int i = 0; i < ncomms && r == ncclSuccess; i++) {
     plans[i].comm = comms[i];
     log_set_rank(comms[i]->rank);
@@ -681,6 +706,8 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   if (r == ncclSuccess)
     r = execute(plans, ncomms);
   plans_free(plans, ncomms);
+  for (int i = 0; i < ncomms; i++)
+    status_op_end(comms[i], r);
   if (plans != few)
     free(plans);
   cuda_restore_device(saved_dev);

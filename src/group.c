@@ -51,12 +51,20 @@ static ncclResult_t launch(struct ncclComm *list) {
   if (n == 0)
     return ncclSuccess;
   struct ncclComm *few[8], **comms = few;
-  if (n > 8)
-    CHECK(UTIL_CALLOC(&comms, n, "group communicators"));
+  if (n > 8) {
+    ncclResult_t e = UTIL_CALLOC(&comms, n, "group communicators");
+    if (e != ncclSuccess)
+      return api_finish(NULL, e);
+  }
   n = 0;
-  for (struct ncclComm *c = list; c; c = c->group_next)
+  ncclResult_t r = ncclSuccess;
+  for (struct ncclComm *c = list; c; c = c->group_next) {
     comms[n++] = c;
-  ncclResult_t r = enqueue_launch(comms, n);
+    if (r == ncclSuccess)
+      r = comm_enter(c, "ncclGroupEnd");
+  }
+  if (r == ncclSuccess)
+    r = enqueue_launch(comms, n);
   int rank = log_get_rank();
   for (int i = 0; i < n; i++) {
     if (r != ncclSuccess)
@@ -66,6 +74,11 @@ static ncclResult_t launch(struct ncclComm *list) {
     comms[i]->group_next = NULL;
   }
   log_set_rank(rank);
+  /* The API's exit, before comm_leave: after it, an abort from another
+   * thread may free the communicators. */
+  r = api_finish(r == ncclSuccess ? NULL : comms[0], r);
+  for (int i = 0; i < n; i++)
+    comm_leave(comms[i]);
   if (comms != few)
     free(comms);
   return r;
@@ -188,9 +201,7 @@ NCCL_API(ncclResult_t, ncclGroupEnd, void) {
     first_error = ncclSuccess;
     return api_finish(NULL, r);
   }
-  struct ncclComm *first = list;
-  r = launch(list);
-  return api_finish(r == ncclSuccess ? NULL : first, r);
+  return launch(list); /* which has its own api_finish */
 }
 
 /* Without a tuning model there is nothing to simulate with; the group is

@@ -15,6 +15,7 @@
 #include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "topology/topo.h"
+#include "status.h"
 #include "transport/net.h"
 #include "transport/transport.h"
 
@@ -241,6 +242,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   CHECK(tune_setup(comm));
   if (!comm->is_host)
     CHECK(cuda_comm_init(comm));
+  status_comm_add(comm);
   if (comm->is_host)
     INFO(LOG_INIT, "comm %p rank %d nranks %d host communicator, %d channel(s), buffsize %zu - Init COMPLETE",
          (void *)comm, rank, nranks, comm->nchannels, comm->buffsize);

@@ -48,10 +48,13 @@ static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
       ncclCommAbort(comm);
       /* A stopped peer is found by the timeout of some rank that waits
        * (on it, or on a rank that waits on it); the others hear of that
-       * rank's failure. Naming the stopped rank itself is the hang
-       * report's job. */
+       * rank's failure. On one host the timeout names the stopped rank,
+       * following who waits for whom through the status pages. */
       if (cfg->stop && !strstr(msg, "LOOM_TIMEOUT"))
         return PROPAGATED;
+      if (cfg->stop && !cfg->separate_hosts)
+        RASSERT(strstr(msg, "rank 1 (pid ") && strstr(msg, "is stopped"), "the timeout does not name rank 1: %s",
+                msg);
       return 0;
     }
   }

@@ -8,6 +8,9 @@
  *   loom-info --dump FILE           writes the topology as XML
  *   loom-info --params              the parameter table as Markdown rows,
  *                                   which the README carries verbatim
+ *   loom-info --status [PID...]     what each communicator of the Loom
+ *                                   processes on this host is doing, and
+ *                                   which rank the waiting ones wait on
  *
  * It links the library's internals, so what it prints is what a
  * communicator would compute, not a re-implementation.
@@ -21,6 +24,7 @@
 #include "core.h"
 #include "enqueue.h"
 #include "loom.h"
+#include "loom_status.h"
 #include "misc/cudamem.h"
 #include "topology/discover.h"
 #include "topology/graph.h"
@@ -28,7 +32,8 @@
 #include "topology/topo_xml.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: loom-info [--ranks N [--hosts H] [--channels C]] [--topo FILE] [--dump FILE] | --params\n");
+  fprintf(f, "usage: loom-info [--ranks N [--hosts H] [--channels C]] [--topo FILE] [--dump FILE] | --params | "
+             "--status [PID...]\n");
 }
 
 static void print_params(void) {
@@ -190,7 +195,21 @@ int main(int argc, char **argv) {
       topo = argv[++i];
     else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc)
       dump = argv[++i];
-    else if (strcmp(argv[i], "--params") == 0) {
+    else if (strcmp(argv[i], "--status") == 0) {
+      int n = argc - i - 1, *pids = calloc((size_t)n + 1, sizeof *pids);
+      for (int k = 0; k < n; k++) {
+        char *end;
+        long v = strtol(argv[i + 1 + k], &end, 10);
+        if (*end != '\0' || v <= 0 || v > 1 << 30) {
+          fprintf(stderr, "loom-info: --status takes process ids; \"%s\" is not one\n", argv[i + 1 + k]);
+          return 2;
+        }
+        pids[k] = (int)v;
+      }
+      int rc = loom_status_main(n, pids);
+      free(pids);
+      return rc;
+    } else if (strcmp(argv[i], "--params") == 0) {
       print_params_markdown();
       return 0;
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
