@@ -70,6 +70,10 @@ int status_rec_read(const struct status_rec *src, struct status_rec *out) {
       continue;
     memcpy(out, (const void *)src, sizeof *out);
     atomic_thread_fence(memory_order_acquire);
+    /* Another process's page is input like any other: its strings are
+     * cut to their fields before anyone prints them. */
+    out->wait[sizeof out->wait - 1] = '\0';
+    out->name[sizeof out->name - 1] = '\0';
     if (atomic_load_explicit(&src->gen, memory_order_relaxed) == g)
       return out->state != STATUS_FREE;
   }

@@ -51,7 +51,7 @@ static int collect(int pid, struct seen_rec **recs, int *n, int *cap) {
     s->r = r;
     s->pid = pid;
     s->proc_state = st;
-    snprintf(s->host, sizeof s->host, "%s", pg->host);
+    snprintf(s->host, sizeof s->host, "%.*s", (int)sizeof pg->host - 1, pg->host);
   }
   status_page_unmap(pg);
   return 1;
