@@ -159,7 +159,9 @@ static ncclResult_t call(struct ncclComm *comm, struct task *t, cudaStream_t str
   if (r == ncclSuccess)
     r = submit(comm, t, stream, func);
   r = finish(comm, r);
-  comm_leave(comm);
+  /* A nonblocking communicator's worker leaves it when the call is done. */
+  if (r != ncclInProgress)
+    comm_leave(comm);
   return r;
 }
 

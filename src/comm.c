@@ -6,6 +6,7 @@
  */
 #include "core.h"
 #include "api.h"
+#include "async.h"
 #include "bootstrap.h"
 #include "comm.h"
 #include "enqueue.h"
@@ -28,6 +29,11 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
     return err_set(ncclInvalidArgument, "%s: comm is NULL", func);
   if (comm->magic != COMM_MAGIC)
     return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
+  if (async_busy(comm))
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator's previous call is still in progress (a nonblocking communicator): poll "
+                   "ncclCommGetAsyncError until it no longer returns ncclInProgress before the next call",
+                   func);
   if (comm->rank < 0)
     return err_set(ncclInvalidUsage, "%s: the communicator is still being created; call ncclGroupEnd first", func);
   if (comm->async_error != ncclSuccess)
@@ -78,7 +84,10 @@ ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
   const char *msg = err_thread_last();
   if (msg[0] == '\0')
     msg = err_string(res);
-  if (comm && comm->magic == COMM_MAGIC && comm->last_error != msg)
+  /* While a nonblocking communicator's job runs, its sentence is the
+   * job's to write (comm_set_error): a call refused meanwhile says why in
+   * ncclGetLastError(NULL) only. */
+  if (comm && comm->magic == COMM_MAGIC && comm->last_error != msg && !async_busy(comm))
     snprintf(comm->last_error, sizeof comm->last_error, "%s", msg);
   err_set_global(msg);
   WARN("%s", msg);
@@ -90,6 +99,7 @@ static void free_conn_cb(struct conn *c) { transport_free_conn(c); }
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
     return;
+  async_stop(comm);
   status_comm_remove(comm);
   /* Kernels first: they use the connections' memory, which is freed on
    * the communicator's device. */
@@ -115,6 +125,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   free(comm->task_inline);
   comm_free_works(comm);
   free(comm->lanes);
+  free(comm->check_buf);
   comm->magic = 0;
   free(comm);
 }
@@ -145,6 +156,9 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   ncclResult_t r = check_for_teardown(comm, "ncclCommDestroy");
   if (r != ncclSuccess)
     return api_finish(NULL, r);
+  /* A nonblocking communicator's job finishes first (it is bounded by
+   * LOOM_TIMEOUT); ncclCommAbort is the way not to wait. */
+  async_wait(comm);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);
   return ncclSuccess;
@@ -192,11 +206,6 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   return ncclSuccess;
 }
 
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
-         ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags) {
-  return api_finish(comm, err_set(ncclInvalidUsage, "ncclCommShrink is not implemented yet in Loom"));
-}
-
 /* Queries work on failed communicators too, as NCCL's do. */
 static ncclResult_t check_query(const struct ncclComm *comm, const void *out, const char *func) {
   if (comm == NULL)
@@ -237,7 +246,8 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t *asy
   ncclResult_t r = check_query(comm, asyncError, "ncclCommGetAsyncError");
   if (r != ncclSuccess)
     return api_finish(NULL, r);
-  *asyncError = comm->async_error;
+  /* The job's result is written before it is marked done. */
+  *asyncError = async_busy(comm) ? ncclInProgress : comm->async_error;
   return ncclSuccess;
 }
 

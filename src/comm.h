@@ -17,6 +17,7 @@ struct bootstrap;
 struct conn;
 struct task;
 struct status_rec;
+struct call_desc;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -34,6 +35,7 @@ struct peer_info {
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
   int32_t numa;   /* the NUMA node the rank runs on */
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
+  int32_t check_calls;  /* LOOM_CHECK_CALLS: every rank must take part alike */
   int32_t ncpus;        /* CPUs the rank may run on (its affinity) */
 };
 
@@ -103,10 +105,24 @@ struct ncclComm {
    * one at a time): ncclCommAbort from another thread waits for it to see
    * abort_flag and leave before it frees anything. */
   _Atomic int in_call;
+  /* Nonblocking communicators: 1 while a job (init or launch) involving it
+   * runs on a worker (async.c), whose thread this is, if started. */
+  _Atomic int async_busy;
+  struct async_worker *worker;
   ncclResult_t async_error;
   char last_error[LOOM_ERR_LEN];
   int finalized;
   uint64_t coll_seq; /* collectives started, for diagnostics */
+  uint64_t shrink_seq; /* ncclCommShrink calls, which number their bootstrap messages */
+  /* LOOM_CHECK_CALLS, agreed by all ranks at init (host communicators
+   * only): its all-gathers' own numbers, its buffers (this rank's
+   * description, then every rank's), and whether the last launch was
+   * refused by it, which leaves the communicator usable. */
+  int check_calls;
+  uint64_t check_seq;
+  struct call_desc *check_buf;
+  int call_checked; /* the call now being launched has passed the check */
+  int call_refused;
   struct status_rec *status; /* this communicator's line in the status page, NULL if none */
 
   /* Group bookkeeping (owned by the thread in the group). */
@@ -121,6 +137,14 @@ struct ncclComm {
   struct ncclComm *group_next;
   int in_group;
 };
+
+/* Creation (init.c): a communicator struct with no rank yet; a config
+ * read as far as its `size` covers (NULL: the defaults); and the whole of
+ * a rank's init into such a struct. */
+ncclResult_t comm_alloc(struct ncclComm **out);
+ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out);
+ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
+                       const ncclConfig_t *config);
 
 /* Validates a communicator argument; records the sentence on failure. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func);

@@ -7,6 +7,7 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
+#include "call_check.h"
 #include "comm.h"
 #include "enqueue.h"
 #include "exec/cuda/cuda_exec.h"
@@ -375,7 +376,7 @@ static ncclResult_t plan_comm(struct comm_plan *p) {
     }
     /* Every rank numbers every collective, empty ones too, so a rank that
      * skipped one is caught by the next. */
-    uint64_t seq = comm->coll_seq++;
+    uint64_t seq = t->call_check ? CALL_CHECK_SEQ_BIT | comm->check_seq++ : comm->coll_seq++;
     if (t->count > 0)
       CHECK(plan_collective(p, t, seq));
   }
@@ -393,10 +394,15 @@ static ncclResult_t failed_conn(struct conn *c) { return (c && c->tr->failed) ? 
 static void fail_context(const struct work *w, const char *what) {
   char desc[200];
   task_describe(w->task, desc, sizeof desc);
-  if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
+  if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV) {
     err_context("rank %d, %s%s", w->comm->rank, desc, what);
-  else
+  } else if (w->seq & CALL_CHECK_SEQ_BIT) {
+    call_check_what(w->comm, desc, sizeof desc);
+    err_context("rank %d, %s, comparing its call with the other ranks' (LOOM_CHECK_CALLS)%s", w->comm->rank, desc,
+                what);
+  } else {
     err_context("rank %d, %s #%llu%s", w->comm->rank, desc, (unsigned long long)w->seq, what);
+  }
 }
 
 /* Every connection of the work, in a fixed order: receives, then sends. */
@@ -577,10 +583,26 @@ static void plans_free(struct comm_plan *plans, int n);
  * connections, slot size), with no task copy, plan or tuner. Only calls
  * whose work is one lane's come here; the first collective, which sets
  * up the connections, never does. */
+/* LOOM_CHECK_CALLS for a call of its own (below); sets comm->call_checked
+ * where it ran. */
+static ncclResult_t check_single(struct ncclComm *comm, struct task *t, int *refused);
+
 ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled) {
   *handled = 0;
   if (t->coll == COLL_SEND || t->coll == COLL_RECV || (comm->nranks > 1 && !comm->coll_conns))
     return ncclSuccess;
+  if (comm->check_calls && !t->call_check && comm->nranks > 1) {
+    int refused = 0;
+    ncclResult_t r = check_single(comm, t, &refused);
+    if (r != ncclSuccess || refused) {
+      *handled = 1;
+      if (!refused)
+        status_op_end(comm, r);
+      return r;
+    }
+    if (!comm->call_checked)
+      return ncclSuccess; /* the group path checks it and runs it */
+  }
   /* Calls of a few shapes in turn (a training step's) find theirs among
    * the last works freed. */
   struct work *w = comm->free_works, **link = &comm->free_works;
@@ -596,10 +618,12 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
       return ncclSuccess;
   }
   *handled = 1;
-  uint64_t seq = comm->coll_seq++;
+  comm->call_checked = 0;
+  uint64_t seq = t->call_check ? CALL_CHECK_SEQ_BIT | comm->check_seq++ : comm->coll_seq++;
   if (t->count == 0)
     return ncclSuccess;
-  status_op_start(comm, t, seq, 1);
+  if (!t->call_check)
+    status_op_start(comm, t, seq, 1);
   struct lane lane = {0};
   struct comm_plan p = {.comm = comm, .lanes = &lane, .nlanes = 1};
   ncclResult_t r = ncclSuccess;
@@ -633,8 +657,39 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
     plans_free(&p, 1);
     comm_set_error(comm, r);
   }
-  status_op_end(comm, r);
+  if (!t->call_check)
+    status_op_end(comm, r);
   return r;
+}
+
+/* LOOM_CHECK_CALLS for a call of its own: the check's all-gather takes
+ * the same quick path as the call, and the call is then marked checked,
+ * whichever path runs it. *refused: the ranks disagree (the sentence is
+ * recorded, nothing moved). */
+static ncclResult_t check_single(struct ncclComm *comm, struct task *t, int *refused) {
+  if (!comm->check_buf)
+    CHECK(UTIL_CALLOC(&comm->check_buf, (size_t)comm->nranks + 1, "call check buffers"));
+  struct task *next = t->next;
+  t->next = NULL;
+  call_check_describe(t, comm->coll_seq, comm->rank, &comm->check_buf[0]);
+  t->next = next;
+  struct task check = {.coll = COLL_ALLGATHER, .sendbuff = &comm->check_buf[0], .recvbuff = &comm->check_buf[1],
+                       .count = sizeof(struct call_desc), .dtype = ncclUint8, .op = ncclSum, .root = -1,
+                       .peer = -1, .call_check = 1};
+  check.red.dtype = ncclUint8;
+  status_op_start(comm, t, comm->coll_seq, 1);
+  int handled;
+  CHECK(enqueue_single(comm, &check, &handled));
+  if (!handled)
+    return ncclSuccess; /* the group path checks it */
+  ncclResult_t r = call_check_compare(comm, &comm->check_buf[1]);
+  if (r != ncclSuccess) {
+    status_op_end(comm, ncclSuccess); /* refused, not failed */
+    *refused = 1;
+    return r;
+  }
+  comm->call_checked = 1;
+  return ncclSuccess;
 }
 
 static void plans_free(struct comm_plan *plans, int n) {
@@ -674,23 +729,10 @@ static ncclResult_t execute(struct comm_plan *plans, int n) {
   return run(plans, nhost);
 }
 
-ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
-  struct comm_plan few[8], *plans = few;
-  if (ncomms > 8)
-    CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
-  else
-    memset(few, 0, sizeof few);
+/* Plans, connects and runs the tasks queued on these communicators. */
+static ncclResult_t launch_tasks(struct ncclComm **comms, int ncomms, struct comm_plan *plans) {
   ncclResult_t r = ncclSuccess;
-  int any_cuda = 0;
-  for (int i = 0; i < ncomms; i++)
-    any_cuda |= !comms[i]->is_host;
-  int saved_dev = any_cuda ? cuda_current_device() : -1;
-  for (int i = 0; i < ncomms; i++) {
-    int ntasks = 0;
-    for (struct task *t = comms[i]->tasks_head; t; t = t->next)
-      ntasks++;
-    status_op_start(comms[i], comms[i]->tasks_head, comms[i]->coll_seq, ntasks);
-  }
+  memset(plans, 0, sizeof *plans * (size_t)ncomms);
   for (int i = 0; i < ncomms && r == ncclSuccess; i++) {
     plans[i].comm = comms[i];
     log_set_rank(comms[i]->rank);
@@ -706,6 +748,88 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   if (r == ncclSuccess)
     r = execute(plans, ncomms);
   plans_free(plans, ncomms);
+  return r;
+}
+
+/* LOOM_CHECK_CALLS: one all-gather of the calls' descriptions over all the
+ * communicators of the launch at once (their other ranks may be this
+ * thread's too), run before any of the calls; on a difference every
+ * communicator of the launch refuses, as a group does. */
+struct call_check_slot {
+  struct ncclComm *comm;
+  struct task check, *calls_head, *calls_tail;
+};
+
+static ncclResult_t check_calls(struct ncclComm **comms, int ncomms, struct comm_plan *plans) {
+  struct call_check_slot few[8], *cs = few;
+  if (ncomms > 8)
+    CHECK(UTIL_CALLOC(&cs, ncomms, "call check"));
+  struct ncclComm *sel_few[8], **sel = sel_few;
+  ncclResult_t r = ncomms > 8 ? UTIL_CALLOC(&sel, ncomms, "call check") : ncclSuccess;
+  int n = 0;
+  for (int i = 0; i < ncomms && r == ncclSuccess; i++) {
+    struct ncclComm *comm = comms[i];
+    if (!comm->check_calls || comm->nranks == 1 || comm->call_checked) {
+      comm->call_checked = 0; /* by check_single, for a call the quick path left to this one */
+      continue;
+    }
+    if (!comm->check_buf)
+      r = UTIL_CALLOC(&comm->check_buf, (size_t)comm->nranks + 1, "call check buffers");
+    if (r != ncclSuccess ||
+        call_check_describe(comm->tasks_head, comm->coll_seq, comm->rank, &comm->check_buf[0]) == 0)
+      continue;
+    struct call_check_slot *c = &cs[n];
+    c->comm = sel[n] = comm;
+    c->check = (struct task){.coll = COLL_ALLGATHER, .sendbuff = &comm->check_buf[0],
+                             .recvbuff = &comm->check_buf[1], .count = sizeof(struct call_desc),
+                             .dtype = ncclUint8, .op = ncclSum, .root = -1, .peer = -1, .call_check = 1};
+    c->check.red.dtype = ncclUint8;
+    n++;
+  }
+  if (r == ncclSuccess && n > 0) {
+    /* The calls wait aside while the check runs alone. */
+    for (int i = 0; i < n; i++) {
+      cs[i].calls_head = cs[i].comm->tasks_head;
+      cs[i].calls_tail = cs[i].comm->tasks_tail;
+      cs[i].comm->tasks_head = cs[i].comm->tasks_tail = &cs[i].check;
+    }
+    r = launch_tasks(sel, n, plans);
+    for (int i = 0; i < n; i++) {
+      cs[i].comm->tasks_head = cs[i].calls_head;
+      cs[i].comm->tasks_tail = cs[i].calls_tail;
+    }
+    for (int i = 0; i < n && r == ncclSuccess; i++) {
+      r = call_check_compare(cs[i].comm, &cs[i].comm->check_buf[1]);
+      /* Nothing of the calls has moved: the communicators stay usable. */
+      for (int k = 0; r != ncclSuccess && k < ncomms; k++)
+        comms[k]->call_refused = 1;
+    }
+  }
+  if (cs != few)
+    free(cs);
+  if (sel != sel_few && sel)
+    free(sel);
+  return r;
+}
+
+ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
+  struct comm_plan few[8], *plans = few;
+  if (ncomms > 8)
+    CHECK(UTIL_CALLOC(&plans, ncomms, "plans"));
+  ncclResult_t r = ncclSuccess;
+  int any_cuda = 0;
+  for (int i = 0; i < ncomms; i++)
+    any_cuda |= !comms[i]->is_host;
+  int saved_dev = any_cuda ? cuda_current_device() : -1;
+  for (int i = 0; i < ncomms; i++) {
+    int ntasks = 0;
+    for (struct task *t = comms[i]->tasks_head; t; t = t->next)
+      ntasks++;
+    status_op_start(comms[i], comms[i]->tasks_head, comms[i]->coll_seq, ntasks);
+  }
+  r = check_calls(comms, ncomms, plans);
+  if (r == ncclSuccess)
+    r = launch_tasks(comms, ncomms, plans);
   for (int i = 0; i < ncomms; i++)
     status_op_end(comms[i], r);
   if (plans != few)

@@ -34,6 +34,7 @@ struct task {
   void *stream;    /* cudaStream_t of a CUDA communicator's call */
   struct red_op red;
   const void *scalar_dev; /* PreMulSum scalar the kernel reads (device residence) */
+  int call_check;         /* the all-gather of LOOM_CHECK_CALLS, not a user's call */
   struct task *next;
 };
 

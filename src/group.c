@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "api.h"
+#include "async.h"
 #include "group.h"
 #include "misc/utils.h"
 
@@ -13,14 +14,16 @@ static LOOM_TLS_FAST int depth;
 static LOOM_TLS_FAST struct ncclComm *comms_head;
 static LOOM_TLS_FAST struct group_job *jobs_head, *jobs_tail;
 static LOOM_TLS_FAST ncclResult_t first_error;
-static __thread char first_error_msg[LOOM_ERR_LEN];
+/* On the heap, rarely: see src/misc/errors.c on static TLS. */
+static LOOM_TLS_FAST char *first_error_msg;
 
 int group_depth(void) { return depth; }
 
 void group_record_error(ncclResult_t res) {
   if (depth > 0 && first_error == ncclSuccess) {
     first_error = res;
-    snprintf(first_error_msg, sizeof first_error_msg, "%s", err_thread_last());
+    free(first_error_msg);
+    first_error_msg = strdup(err_thread_last());
   }
 }
 
@@ -44,7 +47,65 @@ static void discard(struct ncclComm *list) {
   }
 }
 
-static ncclResult_t launch(struct ncclComm *list) {
+/* After a launch: its failure recorded on each communicator, its tasks
+ * gone. A call the call check refused moved nothing, so a blocking
+ * communicator stays usable; a nonblocking one can only report it as its
+ * state. */
+static void launch_done(struct ncclComm **comms, int n, ncclResult_t r) {
+  for (int i = 0; i < n; i++) {
+    if (r != ncclSuccess && (!comms[i]->call_refused || !comms[i]->blocking))
+      comm_set_error(comms[i], r);
+    comms[i]->call_refused = 0;
+    free_tasks(comms[i]);
+    comms[i]->in_group = 0;
+    comms[i]->group_next = NULL;
+  }
+}
+
+struct launch_job {
+  int n;
+  struct ncclComm *comms[];
+};
+
+static void launch_async(void *arg) {
+  struct launch_job *j = arg;
+  ncclResult_t r = enqueue_launch(j->comms, j->n);
+  launch_done(j->comms, j->n, r);
+  api_finish(r == ncclSuccess ? NULL : j->comms[0], r);
+  free(j);
+}
+
+/* Nonblocking communicators hand the launch to a worker and return
+ * ncclInProgress; a group must not mix the two kinds, since its calls
+ * would then both return at once and not. */
+static ncclResult_t launch_submit(struct ncclComm **comms, int n) {
+  int nonblocking = 0;
+  for (int i = 0; i < n; i++)
+    nonblocking += !comms[i]->blocking;
+  if (nonblocking == 0)
+    return ncclSuccess;
+  if (nonblocking != n)
+    return err_set(ncclInvalidUsage,
+                   "a group holds operations on %d nonblocking and %d blocking communicators; one group's "
+                   "communicators must all be of one kind (ncclConfig_t.blocking)",
+                   nonblocking, n - nonblocking);
+  struct launch_job *j = malloc(sizeof *j + sizeof *comms * (size_t)n);
+  if (!j)
+    return err_set(ncclSystemError, "out of memory handing a launch to a nonblocking communicator's worker");
+  j->n = n;
+  memcpy(j->comms, comms, sizeof *comms * (size_t)n);
+  ncclResult_t r = async_submit(comms[0], comms, n, launch_async, j);
+  if (r != ncclSuccess) {
+    free(j);
+    return r;
+  }
+  return ncclInProgress;
+}
+
+/* `api_exit`: whether this is the API's exit (ncclGroupEnd), or a call's
+ * that has entered its communicator and says the result itself (logged
+ * once, and written to the communicator before it leaves it). */
+static ncclResult_t launch(struct ncclComm *list, int api_exit) {
   int n = 0;
   for (struct ncclComm *c = list; c; c = c->group_next)
     n++;
@@ -54,30 +115,29 @@ static ncclResult_t launch(struct ncclComm *list) {
   if (n > 8) {
     ncclResult_t e = UTIL_CALLOC(&comms, n, "group communicators");
     if (e != ncclSuccess)
-      return api_finish(NULL, e);
+      return api_exit ? api_finish(NULL, e) : e;
   }
   n = 0;
   ncclResult_t r = ncclSuccess;
   for (struct ncclComm *c = list; c; c = c->group_next) {
     comms[n++] = c;
-    if (r == ncclSuccess)
+    if (r == ncclSuccess && api_exit)
       r = comm_enter(c, "ncclGroupEnd");
   }
   if (r == ncclSuccess)
+    r = launch_submit(comms, n);
+  if (r == ncclSuccess)
     r = enqueue_launch(comms, n);
   int rank = log_get_rank();
-  for (int i = 0; i < n; i++) {
-    if (r != ncclSuccess)
-      comm_set_error(comms[i], r);
-    free_tasks(comms[i]);
-    comms[i]->in_group = 0;
-    comms[i]->group_next = NULL;
-  }
+  if (r != ncclInProgress)
+    launch_done(comms, n, r);
   log_set_rank(rank);
   /* The API's exit, before comm_leave: after it, an abort from another
-   * thread may free the communicators. */
-  r = api_finish(r == ncclSuccess ? NULL : comms[0], r);
-  for (int i = 0; i < n; i++)
+   * thread may free the communicators. A job handed to a worker leaves
+   * them when it is done. */
+  if (api_exit)
+    r = api_finish(r == ncclSuccess ? NULL : comms[0], r);
+  for (int i = 0; api_exit && r != ncclInProgress && i < n; i++)
     comm_leave(comms[i]);
   if (comms != few)
     free(comms);
@@ -85,7 +145,7 @@ static ncclResult_t launch(struct ncclComm *list) {
 }
 
 ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t) {
-  if (depth == 0 && !comms_head && !comm->tasks_head && comm->is_host) {
+  if (depth == 0 && !comms_head && !comm->tasks_head && comm->is_host && comm->blocking) {
     int handled;
     ncclResult_t r = enqueue_single(comm, t, &handled);
     if (handled || r != ncclSuccess)
@@ -118,7 +178,7 @@ ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t) {
     return ncclSuccess;
   struct ncclComm *list = comms_head;
   comms_head = NULL;
-  return launch(list);
+  return launch(list, 0);
 }
 
 ncclResult_t group_add_job(struct group_job *job) {
@@ -178,7 +238,8 @@ static ncclResult_t run_jobs(struct group_job *list) {
 NCCL_API(ncclResult_t, ncclGroupStart, void) {
   if (depth == 0) {
     first_error = ncclSuccess;
-    first_error_msg[0] = '\0';
+    free(first_error_msg);
+    first_error_msg = NULL;
   }
   depth++;
   return ncclSuccess;
@@ -195,13 +256,14 @@ NCCL_API(ncclResult_t, ncclGroupEnd, void) {
   comms_head = NULL;
   ncclResult_t r = run_jobs(jobs);
   if (r == ncclSuccess && first_error != ncclSuccess)
-    r = err_set(first_error, "an operation in this group failed, so the group ran nothing: %s", first_error_msg);
+    r = err_set(first_error, "an operation in this group failed, so the group ran nothing: %s",
+                first_error_msg ? first_error_msg : err_string(first_error));
   if (r != ncclSuccess) {
     discard(list);
     first_error = ncclSuccess;
     return api_finish(NULL, r);
   }
-  return launch(list); /* which has its own api_finish */
+  return launch(list, 1);
 }
 
 /* Without a tuning model there is nothing to simulate with; the group is

@@ -7,7 +7,9 @@
  */
 #include "core.h"
 #include "api.h"
+#include "async.h"
 #include "bootstrap.h"
+#include "call_check.h"
 #include "comm.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/reduce.h"
@@ -55,7 +57,7 @@ NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId *uniqueId) {
 
 /* Reads the fields a config's `size` covers, so configs from programs
  * built against older or newer NCCL headers both work. */
-static ncclResult_t read_config(const ncclConfig_t *in, ncclConfig_t *out) {
+ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out) {
   ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
   *out = def;
   if (in == NULL)
@@ -70,16 +72,13 @@ static ncclResult_t read_config(const ncclConfig_t *in, ncclConfig_t *out) {
   out->size = sizeof *out;
   if (out->blocking != NCCL_CONFIG_UNDEF_INT && out->blocking != 0 && out->blocking != 1)
     return err_set(ncclInvalidArgument, "config.blocking is %d; it must be 0 or 1", out->blocking);
-  if (out->blocking == 0)
-    return err_set(ncclInvalidUsage,
-                   "nonblocking communicators (config.blocking = 0) are not implemented yet in Loom; use blocking");
   if (out->netName != NULL && strcasecmp(out->netName, "Socket") != 0)
     return err_set(ncclInvalidArgument, "config.netName \"%s\" names no network plugin; the plugins are: Socket",
                    out->netName);
   return ncclSuccess;
 }
 
-static ncclResult_t comm_alloc(struct ncclComm **out) {
+ncclResult_t comm_alloc(struct ncclComm **out) {
   struct ncclComm *c;
   CHECK(UTIL_CALLOC(&c, 1, "a communicator"));
   c->magic = COMM_MAGIC;
@@ -105,6 +104,11 @@ static ncclResult_t check_peers(struct ncclComm *comm) {
                      "NCCL_ALGO or NCCL_PROTO differ between rank %d (%s) and rank %d (%s): every rank must choose "
                      "algorithms alike, so set them the same everywhere",
                      comm->rank, me->hostname, r, p->hostname);
+    if (p->check_calls != me->check_calls)
+      return err_set(ncclInvalidUsage,
+                     "LOOM_CHECK_CALLS is %d on rank %d (%s) but %d on rank %d (%s): every rank must check its "
+                     "calls, or none, so set it the same everywhere",
+                     me->check_calls, comm->rank, me->hostname, p->check_calls, r, p->hostname);
     if (p->buffsize != me->buffsize)
       return err_set(ncclInvalidUsage,
                      "NCCL_BUFFSIZE differs between ranks: rank %d (%s) uses %lld, rank %d (%s) uses %lld; set it "
@@ -177,8 +181,8 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
 }
 
 /* The whole of a rank's init once its communicator struct exists. */
-static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
-                              const ncclConfig_t *config) {
+ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
+                       const ncclConfig_t *config) {
   log_set_rank(rank);
   pthread_once(&banner_once, banner);
   topo_log_host();
@@ -193,7 +197,7 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   }
   comm->rank = rank;
   comm->nranks = nranks;
-  comm->blocking = 1;
+  comm->blocking = config->blocking == 0 ? 0 : 1;
   comm->comm_hash = bootstrap_id_hash(id);
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
@@ -228,8 +232,10 @@ static ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqu
   cpu_set_t cpus;
   me->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   me->tuning_hash = (uint32_t)util_hash_str(param_str(P_ALGO), util_hash_str(param_str(P_PROTO), 0));
+  me->check_calls = comm->is_host && call_check_enabled();
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
+  comm->check_calls = me->check_calls;
   /* Channels must agree everywhere: take the fewest any rank asked for. */
   comm->nchannels = LOOM_MAX_CHANNELS;
   for (int r = 0; r < nranks; r++)
@@ -284,14 +290,24 @@ static ncclResult_t init_job_run(struct group_job *job) {
   return r;
 }
 
-/* Creates the communicator now, or at the end of the current group. */
+/* A nonblocking creation, on the communicator's worker: the caller holds
+ * the handle, and learns the result from ncclCommGetAsyncError. */
+static void init_async(void *arg) {
+  struct init_job *j = arg;
+  ncclResult_t r = init_job_run(&j->base);
+  api_finish(j->base.comm, r);
+  free(j);
+}
+
+/* Creates the communicator now, at the end of the current group, or (a
+ * nonblocking one) on its worker. */
 static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
                               const ncclConfig_t *config_in, const char *func, int device) {
   if (out)
     *out = NULL;
   CHECK(check_init_args(out, nranks, rank, id, func));
   ncclConfig_t config;
-  CHECK(read_config(config_in, &config));
+  CHECK(comm_read_config(config_in, &config));
   struct ncclComm *comm;
   CHECK(comm_alloc(&comm));
   if (group_depth() > 0) {
@@ -312,6 +328,32 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
     j->config = config;
     *out = comm;
     return group_add_job(&j->base);
+  }
+  if (config.blocking == 0) {
+    struct init_job *j = calloc(1, sizeof *j);
+    if (!j) {
+      free(comm);
+      return err_set(ncclSystemError, "out of memory starting a nonblocking communicator creation");
+    }
+    j->base.fn = init_job_run;
+    j->base.comm = comm;
+    j->device = device >= 0 ? device : cuda_pick_device();
+    j->nranks = nranks;
+    j->rank = rank;
+    j->id = *id;
+    j->config = config;
+    comm->blocking = 0;
+    /* Entered here and left by the worker: an abort waits for the job. */
+    comm_enter(comm, func);
+    ncclResult_t r = async_submit(comm, &comm, 1, init_async, j);
+    if (r != ncclSuccess) {
+      comm_leave(comm);
+      free(j);
+      comm_destroy_all(comm);
+      return r;
+    }
+    *out = comm;
+    return ncclInProgress;
   }
   ncclResult_t r = comm_init(comm, nranks, id, rank, &config);
   if (r != ncclSuccess) {
@@ -467,7 +509,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
                                     color));
   ncclConfig_t cfg;
   if (config) {
-    r = read_config(config, &cfg);
+    r = comm_read_config(config, &cfg);
     if (r != ncclSuccess)
       return api_finish(comm, r);
   } else {

@@ -294,37 +294,13 @@ void status_explain_peer(struct ncclComm *comm, int peer, char *buf, size_t len)
     char st = status_proc_state(pi->pid);
     struct status_rec r;
     int have = st != 0 && peer_record(comm, peer, pi->pid, &r);
-    char op[200] = "";
-    if (have)
-      status_format_op(&r.cur, op, sizeof op);
-    if (st == 0) {
-      add(buf, len, "; rank %d (pid %d on %s) has exited", peer, pi->pid, pi->hostname);
+    char why[400];
+    if (status_why(st, have ? &r : NULL, now, why, sizeof why)) {
+      add(buf, len, "; rank %d (pid %d on %s) %s", peer, pi->pid, pi->hostname, why);
       break;
     }
-    if (st == 'T' || st == 't') {
-      add(buf, len, "; rank %d (pid %d on %s) is stopped (a signal such as SIGSTOP, or a debugger)%s%s", peer,
-          pi->pid, pi->hostname, have && r.state == STATUS_RUNNING ? ", in " : "",
-          have && r.state == STATUS_RUNNING ? op : "");
-      break;
-    }
-    if (!have) {
-      add(buf, len, "; rank %d (pid %d on %s) shows no status for this communicator", peer, pi->pid, pi->hostname);
-      break;
-    }
-    if (r.state == STATUS_IDLE) {
-      add(buf, len, "; rank %d (pid %d on %s) has not called it: it has been outside Loom for %.1f s, after %s",
-          peer, pi->pid, pi->hostname, (double)(now > r.since_ns ? now - r.since_ns : 0) / 1e9, op);
-      break;
-    }
-    if (r.state == STATUS_FAILED) {
-      add(buf, len, "; rank %d (pid %d on %s) failed in %s", peer, pi->pid, pi->hostname, op);
-      break;
-    }
-    if (r.wait_peer < 0) {
-      add(buf, len, "; rank %d (pid %d on %s) is in %s and not waiting on anyone (busy, or it just moved)", peer,
-          pi->pid, pi->hostname, op);
-      break;
-    }
+    char op[200];
+    status_format_op(&r.cur, op, sizeof op);
     add(buf, len, "; rank %d, in %s, waits for %s", peer, op, r.wait);
     if (r.wait_peer < comm->nranks && seen[r.wait_peer]) {
       add(buf, len, "; so the ranks wait on each other in a cycle (calls in a different order?)");

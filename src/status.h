@@ -107,5 +107,12 @@ char status_proc_state(int pid);
 size_t status_format(int pid, const char *host, const struct status_rec *r, uint64_t now_ns, char *buf, size_t len);
 /* "AllReduce #41 (count 8, float, sum)", likewise safe in a handler. */
 size_t status_format_op(const struct status_op *o, char *buf, size_t len);
+/* Why a rank does not move, as the clause that follows its name ("has
+ * exited", "is stopped (...), in AllReduce #1 (...)", "has not called it:
+ * ..."), from its process's state letter (status_proc_state) and its
+ * record (NULL if it has none). 0, and nothing written, where it waits on
+ * another rank (r->wait_peer) who is then the one to ask. The one wording
+ * for a timeout's error and for loom-info --status. */
+int status_why(char proc_state, const struct status_rec *r, uint64_t now_ns, char *buf, size_t len);
 
 #endif

@@ -256,3 +256,27 @@ size_t status_format(int pid, const char *host, const struct status_rec *r, uint
   put(&l, r->ops == 1 ? " operation" : " operations");
   return l.len;
 }
+
+int status_why(char proc_state, const struct status_rec *r, uint64_t now_ns, char *buf, size_t len) {
+  char op[200] = "";
+  if (r)
+    status_format_op(&r->cur, op, sizeof op);
+  if (proc_state == 0) {
+    snprintf(buf, len, "has exited");
+  } else if (proc_state == 'T' || proc_state == 't') {
+    snprintf(buf, len, "is stopped (a signal such as SIGSTOP, or a debugger)%s%s",
+             r && r->state == STATUS_RUNNING ? ", in " : "", r && r->state == STATUS_RUNNING ? op : "");
+  } else if (!r) {
+    snprintf(buf, len, "shows no status for this communicator");
+  } else if (r->state == STATUS_IDLE) {
+    snprintf(buf, len, "has not called it: it has been outside Loom for %.1f s, after %s",
+             (double)(now_ns > r->since_ns ? now_ns - r->since_ns : 0) / 1e9, op);
+  } else if (r->state == STATUS_FAILED) {
+    snprintf(buf, len, "failed in %s", op);
+  } else if (r->wait_peer < 0) {
+    snprintf(buf, len, "is in %s and waits on nobody (busy, or it just moved)", op);
+  } else {
+    return 0;
+  }
+  return 1;
+}

@@ -33,6 +33,12 @@ void rank_signal(char byte);
 int harness_write_all(int fd, const void *buf, size_t len);
 int harness_read_all(int fd, void *buf, size_t len);
 
+/* Entries of a folder (/proc/self/fd, /proc/self/task, /dev/shm) whose
+ * names start with `prefix` (NULL: all), for leak checks: the status
+ * page's memfd, which lives as long as the process, and opendir's own fd
+ * are not counted. */
+int harness_count_entries(const char *dir, const char *prefix);
+
 /* Seconds since an arbitrary start, for measuring bounds. */
 double now_s(void);
 

@@ -35,37 +35,12 @@ static void *stuck_main(void *arg) {
   return NULL;
 }
 
-/* Entries of a /proc or /dev folder, except the status page's memfd,
- * which stays for the process's life once made (src/status.h). */
-static int count_entries(const char *dir, const char *prefix) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.' || (prefix && strncmp(e->d_name, prefix, strlen(prefix)) != 0))
-      continue;
-    if (strcmp(dir, "/proc/self/fd") == 0) {
-      char path[300], link[128];
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      ssize_t k = readlink(path, link, sizeof link - 1);
-      link[k > 0 ? k : 0] = '\0';
-      if (strstr(link, "memfd:loom-status"))
-        continue;
-    }
-    n++;
-  }
-  closedir(d);
-  return n - (strcmp(dir, "/proc/self/fd") == 0); /* opendir's own */
-}
-
 /* Segments in /dev/shm and mappings of them: a segment is unlinked once
  * both sides have it mapped, so a leak shows as a mapping. */
 static int shm_segments(void) {
   char mine[32]; /* this process's own segments: other tests may run */
   snprintf(mine, sizeof mine, "loom-%d-", (int)getpid());
-  int n = count_entries("/dev/shm", mine);
+  int n = harness_count_entries("/dev/shm", mine);
   FILE *f = fopen("/proc/self/maps", "r");
   char line[512];
   while (f && fgets(line, sizeof line, f))
@@ -94,7 +69,7 @@ static int until_waiting(void) {
 static int abort_rank(int rank, int n, ncclUniqueId id, void *arg) {
   int *release = arg;
   close(release[1]);
-  int fds0 = count_entries("/proc/self/fd", NULL), threads0 = count_entries("/proc/self/task", NULL);
+  int fds0 = harness_count_entries("/proc/self/fd", NULL), threads0 = harness_count_entries("/proc/self/task", NULL);
   int shm0 = shm_segments();
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
@@ -127,7 +102,7 @@ static int abort_rank(int rank, int n, ncclUniqueId id, void *arg) {
   RASSERT(took < 2, "ncclCommAbort took %.1f s", took);
   RASSERT(s.result == ncclInvalidUsage && strstr(s.msg, "aborted"), "the stuck call returned %d: %s",
           (int)s.result, s.msg);
-  int fds1 = count_entries("/proc/self/fd", NULL), threads1 = count_entries("/proc/self/task", NULL);
+  int fds1 = harness_count_entries("/proc/self/fd", NULL), threads1 = harness_count_entries("/proc/self/task", NULL);
   int shm1 = shm_segments();
   printf("fds %d -> %d, threads %d -> %d, /dev/shm/loom-* %d -> %d\n", fds0, fds1, threads0, threads1, shm0, shm1);
   RASSERT(fds1 == fds0, "%d file descriptors before the communicator, %d after its abort", fds0, fds1);

@@ -68,27 +68,16 @@ static int stopped(const struct seen_rec *s) { return s->proc_state == 'T' || s-
 
 /* Says why rank `t` (the end of a wait chain) does not move. */
 static void describe_end(const struct seen_rec *s, int rank, int cycle, uint64_t now, char *buf, size_t len) {
-  char op[200];
-  if (cycle) {
+  char why[400];
+  if (cycle)
     snprintf(buf, len, "the ranks wait on each other in a cycle through rank %d (calls in a different order?)", rank);
-  } else if (!s) {
+  else if (!s)
     snprintf(buf, len, "rank %d, which is not on this host or has exited: run loom-info --status where it runs",
              rank);
-  } else if (stopped(s)) {
-    status_format_op(&s->r.cur, op, sizeof op);
-    snprintf(buf, len, "rank %d (pid %d), which is stopped (a signal such as SIGSTOP, or a debugger)%s%s", rank,
-             s->pid, s->r.state == STATUS_RUNNING ? " in " : "", s->r.state == STATUS_RUNNING ? op : "");
-  } else if (s->r.state == STATUS_IDLE) {
-    status_format_op(&s->r.cur, op, sizeof op);
-    snprintf(buf, len, "rank %d (pid %d), which has not called it: outside Loom for %.1f s, after %s", rank, s->pid,
-             (double)(now > s->r.since_ns ? now - s->r.since_ns : 0) / 1e9, op);
-  } else if (s->r.state == STATUS_FAILED) {
-    status_format_op(&s->r.cur, op, sizeof op);
-    snprintf(buf, len, "rank %d (pid %d), which failed in %s", rank, s->pid, op);
-  } else {
-    status_format_op(&s->r.cur, op, sizeof op);
-    snprintf(buf, len, "rank %d (pid %d), which is in %s and waits on nobody (busy or slow)", rank, s->pid, op);
-  }
+  else if (status_why(s->proc_state, &s->r, now, why, sizeof why))
+    snprintf(buf, len, "rank %d (pid %d), which %s", rank, s->pid, why);
+  else
+    snprintf(buf, len, "rank %d (pid %d), which waits on rank %d", rank, s->pid, s->r.wait_peer);
 }
 
 /* For one communicator's records (sorted by rank): who the waiting ones
