@@ -4,6 +4,7 @@
 #include "misc/utils.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,13 @@ struct boot_stash {
   uint64_t tag;
   size_t len;
   char data[];
+};
+
+struct boot_pending {
+  int fd;
+  uint64_t until;
+  size_t got;
+  struct msg_hdr h;
 };
 
 ncclResult_t bootstrap_local_address(union sock_addr *addr, char *ifname, size_t len) {
@@ -124,7 +132,9 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   int fd = -1;
   union sock_addr bind_addr;
   CHECK_GOTO(bootstrap_local_address(&bind_addr, ifname, sizeof ifname), res, fail);
+  CHECK_GOTO(UTIL_CALLOC(&b->pend, BOOT_MAX_PENDING, "bootstrap connections"), res, fail);
   CHECK_GOTO(sock_listen(&bind_addr, &b->listen_fd, &b->addr), res, fail);
+  sock_set_nonblocking(b->listen_fd);
   INFO(LOG_BOOTSTRAP, "bootstrap: rank %d listens on %s (%s), root is %s", rank,
        sock_addr_str(&b->addr, a, sizeof a), ifname, root_str);
 
@@ -139,21 +149,27 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   h.addr = b->addr;
   gethostname(h.host, sizeof h.host - 1);
   CHECK_GOTO(sock_send_all(fd, &h, sizeof h, deadline, root_what), res, fail);
+  char raw[sizeof(struct root_reply)];
   struct root_reply rep;
   /* The root enforces the join timeout itself and then says who is
    * missing; waiting a little longer than it lets that sentence arrive. */
-  CHECK_GOTO(sock_recv_all(fd, &rep, sizeof rep, deadline + 5 * GREETING_NS, root_what), res, fail);
-  if (memcmp(rep.magic, reply_magic, sizeof rep.magic) != 0) {
-    res = err_set(ncclRemoteError, "the bootstrap root at %s answered with something that is not Loom's protocol", root_str);
+  CHECK_GOTO(sock_recv_all(fd, raw, sizeof raw, deadline + 5 * GREETING_NS, root_what), res, fail);
+  enum boot_verdict v = boot_reply_check(raw, sizeof raw, nranks, &rep);
+  if (v != BOOT_OK) {
+    res = err_set(ncclRemoteError, "the bootstrap root at %s answered with %s", root_str, boot_verdict_str(v));
     goto fail;
   }
   if (rep.status != ncclSuccess) {
-    rep.msg[sizeof rep.msg - 1] = '\0';
     res = err_set((ncclResult_t)rep.status, "rank %d: the bootstrap root at %s says: %s", rank, root_str, rep.msg);
     goto fail;
   }
   CHECK_GOTO(UTIL_CALLOC(&b->peers, nranks, "bootstrap addresses"), res, fail);
   CHECK_GOTO(sock_recv_all(fd, b->peers, sizeof *b->peers * nranks, deadline, root_what), res, fail);
+  if (boot_peers_check(b->peers, nranks) != BOOT_OK) {
+    res = err_set(ncclRemoteError, "the bootstrap root at %s sent a rank address that is neither IPv4 nor IPv6",
+                  root_str);
+    goto fail;
+  }
   close(fd);
   *out = b;
   return ncclSuccess;
@@ -171,6 +187,9 @@ void bootstrap_close(struct bootstrap *b) {
     return;
   if (b->listen_fd >= 0)
     close(b->listen_fd);
+  for (int i = 0; i < b->npend; i++)
+    close(b->pend[i].fd);
+  free(b->pend);
   for (struct boot_stash *s = b->stash, *n; s; s = n) {
     n = s->next;
     free(s);
@@ -223,34 +242,117 @@ static ncclResult_t deliver(struct boot_stash *s, int peer, uint64_t tag, void *
   return r;
 }
 
-/* Reads one message from an accepted connection; garbage is dropped with a
- * warning and reported as ncclInProgress so the caller keeps listening. */
-static ncclResult_t read_message(struct bootstrap *b, int fd, struct boot_stash **out) {
-  struct msg_hdr h;
-  uint64_t greet = time_ns() + GREETING_NS;
-  if (sock_recv_all(fd, &h, sizeof h, greet, "a connecting process") != ncclSuccess ||
-      memcmp(h.magic, msg_magic, sizeof h.magic) != 0 || h.secret != b->secret || h.from < 0 ||
-      h.from >= b->nranks || h.len > (1ull << 30)) {
-    WARN("bootstrap: rank %d dropped a connection that is not from a rank of this communicator", b->rank);
-    return ncclInProgress;
-  }
-  if (h.tag == BOOT_TAG_PING)
-    return ncclInProgress; /* a peer checking that this process is alive */
-  struct boot_stash *s = malloc(sizeof *s + h.len);
+static void pend_drop(struct bootstrap *b, int i, const char *why) {
+  WARN("bootstrap: rank %d dropped a connection that %s", b->rank, why);
+  close(b->pend[i].fd);
+  b->pend[i] = b->pend[--b->npend];
+}
+
+/* The rest of a message whose header has passed: it comes from a rank of
+ * this job, so it is read to the end, bounded by LOOM_TIMEOUT. */
+static ncclResult_t read_body(struct bootstrap *b, int fd, const struct msg_hdr *h, struct boot_stash **out) {
+  struct boot_stash *s = malloc(sizeof *s + h->len);
   if (!s)
-    return err_set(ncclSystemError, "out of memory for a %llu-byte bootstrap message", (unsigned long long)h.len);
-  s->from = h.from;
-  s->tag = h.tag;
-  s->len = h.len;
+    return err_set(ncclSystemError, "out of memory for a %llu-byte bootstrap message", (unsigned long long)h->len);
+  s->from = h->from;
+  s->tag = h->tag;
+  s->len = h->len;
   s->next = NULL;
   char what[48];
-  snprintf(what, sizeof what, "rank %d", h.from);
-  ncclResult_t r = sock_recv_all(fd, s->data, h.len, deadline_from_timeout(), what);
+  snprintf(what, sizeof what, "rank %d", h->from);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  ncclResult_t r = sock_recv_all(fd, s->data, h->len, deadline_from_timeout(), what);
   if (r != ncclSuccess) {
     free(s);
     return r;
   }
   *out = s;
+  return ncclSuccess;
+}
+
+/* Reads what pending connection i has sent; a complete message goes to
+ * *out. Garbage, another job's secret and pings end the connection. */
+static ncclResult_t pend_read(struct bootstrap *b, int i, struct boot_stash **out) {
+  struct boot_pending *p = &b->pend[i];
+  ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return ncclSuccess;
+  if (n <= 0) {
+    pend_drop(b, i, "closed before it sent a whole message header");
+    return ncclSuccess;
+  }
+  p->got += (size_t)n;
+  struct msg_hdr h;
+  enum boot_verdict v = boot_msg_check(&p->h, p->got, b->secret, b->nranks, &h);
+  if (v == BOOT_SHORT)
+    return ncclSuccess;
+  if (v != BOOT_OK) {
+    char why[96];
+    snprintf(why, sizeof why, "sent %s: it is not from a rank of this communicator", boot_verdict_str(v));
+    pend_drop(b, i, why);
+    return ncclSuccess;
+  }
+  int fd = p->fd;
+  b->pend[i] = b->pend[--b->npend];
+  ncclResult_t r = h.tag == BOOT_TAG_PING ? ncclSuccess /* a peer checking that this process is alive */
+                                          : read_body(b, fd, &h, out);
+  close(fd);
+  return r;
+}
+
+/* Takes every connection waiting on the listener. A full table makes
+ * room by dropping the connection that has said least for longest; each
+ * new one is read at once, since a rank sends as soon as it connects. */
+static ncclResult_t accept_new(struct bootstrap *b, struct boot_stash **out) {
+  while (*out == NULL) {
+    int fd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+        return ncclSuccess;
+      return err_set(ncclSystemError, "rank %d: accept on its bootstrap listener failed: %s", b->rank,
+                     strerror(errno));
+    }
+    if (b->npend == BOOT_MAX_PENDING) {
+      int victim = 0;
+      for (int i = 1; i < b->npend; i++)
+        if (b->pend[i].got < b->pend[victim].got ||
+            (b->pend[i].got == b->pend[victim].got && b->pend[i].until < b->pend[victim].until))
+          victim = i;
+      pend_drop(b, victim, "was still incomplete when too many connections were waiting");
+    }
+    b->pend[b->npend++] = (struct boot_pending){.fd = fd, .until = time_ns() + GREETING_NS};
+    CHECK(pend_read(b, b->npend - 1, out));
+  }
+  return ncclSuccess;
+}
+
+/* Waits until `until` for connections and reads all of them at once; the
+ * first complete message goes to *out (NULL when none came). */
+static ncclResult_t listen_step(struct bootstrap *b, uint64_t until, struct boot_stash **out) {
+  *out = NULL;
+  uint64_t now = time_ns(), wake = until;
+  for (int i = 0; i < b->npend; i++) {
+    if (b->pend[i].until <= now) {
+      pend_drop(b, i--, "said nothing whole for 2 s");
+      continue;
+    }
+    wake = LOOM_MIN(wake, b->pend[i].until);
+  }
+  struct pollfd pfd[BOOT_MAX_PENDING + 1];
+  pfd[0] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
+  for (int i = 0; i < b->npend; i++)
+    pfd[i + 1] = (struct pollfd){.fd = b->pend[i].fd, .events = POLLIN};
+  int nfds = b->npend + 1;
+  int ms = wake > now ? (int)((wake - now) / 1000000) + 1 : 0;
+  if (poll(pfd, (nfds_t)nfds, ms) <= 0)
+    return ncclSuccess;
+  /* Reading reorders pend[] (the last entry fills a hole), so walk
+   * backwards over the entries that were polled. */
+  for (int i = nfds - 2; i >= 0 && *out == NULL; i--)
+    if (pfd[i + 1].revents)
+      CHECK(pend_read(b, i, out));
+  if (*out == NULL && (pfd[0].revents & POLLIN))
+    CHECK(accept_new(b, out));
   return ncclSuccess;
 }
 
@@ -301,19 +403,10 @@ ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *d
       next_probe = now + 1000000000ull;
       CHECK_GOTO(probe(b, peer), r, out);
     }
-    int fd;
-    r = sock_accept(b->listen_fd, LOOM_MIN(deadline, now + 100000000ull), &fd);
-    if (r == ncclInProgress)
-      continue;
-    if (r != ncclSuccess)
-      goto out;
     struct boot_stash *m = NULL;
-    r = read_message(b, fd, &m);
-    close(fd);
-    if (r == ncclInProgress)
+    CHECK_GOTO(listen_step(b, LOOM_MIN(deadline, now + 100000000ull), &m), r, out);
+    if (m == NULL)
       continue;
-    if (r != ncclSuccess)
-      goto out;
     if (m->from == peer && m->tag == tag) {
       s = m;
     } else {

@@ -24,6 +24,7 @@
 #define BOOT_TAG_PING (1ull << 63)
 
 struct boot_stash;
+struct boot_pending;
 
 /* Asks whether `peer` is still alive; returns ncclSuccess or the error that
  * says it is gone. Lets a wait on a dead peer end before the timeout. */
@@ -36,6 +37,10 @@ struct bootstrap {
   union sock_addr addr;   /* where this rank listens */
   union sock_addr *peers; /* where every rank listens */
   struct boot_stash *stash;
+  /* Accepted connections whose header is still arriving, read all at once
+   * so that a silent one delays nobody. */
+  struct boot_pending *pend;
+  int npend;
   uint64_t seq; /* numbers the all-gathers and barriers, same on all ranks */
   pthread_mutex_t lock;
   const volatile int *abort_flag;

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PENDING 256
+#define MAX_PENDING BOOT_MAX_PENDING
 
 struct greeting {
   int fd;
@@ -105,7 +105,6 @@ static int first_join(struct root *rt, const struct root_hello *h, int fd) {
 /* A complete greeting: admit the rank or say why not. -1: give up. */
 static int admit(struct root *rt, struct root_hello *h, int fd) {
   char msg[512];
-  h->host[sizeof h->host - 1] = '\0';
   if (h->secret != rt->secret) {
     WARN("bootstrap root at %s: refused rank %d from %s pid %d: its unique id is another job's", rt->where, h->rank,
          h->host, h->pid);
@@ -155,17 +154,6 @@ static void drop(struct root *rt, int i, const char *why) {
   rt->pend[i] = rt->pend[--rt->npend];
 }
 
-static void accept_all(struct root *rt) {
-  for (;;) {
-    int fd = accept4(rt->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0)
-      return;
-    if (rt->npend == MAX_PENDING)
-      drop(rt, 0, "was still silent when the root had too many connections waiting");
-    rt->pend[rt->npend++] = (struct greeting){.fd = fd, .until = time_ns() + GREETING_NS};
-  }
-}
-
 /* Reads what greeting i has sent; returns -1 when the root must stop. */
 static int read_greeting(struct root *rt, int i) {
   struct greeting *g = &rt->pend[i];
@@ -177,18 +165,49 @@ static int read_greeting(struct root *rt, int i) {
     return 0;
   }
   g->got += (size_t)n;
-  if (g->got >= sizeof g->h.magic && memcmp(g->h.magic, hello_magic, sizeof g->h.magic) != 0) {
-    drop(rt, i, "did not greet like a Loom rank");
+  struct root_hello h;
+  enum boot_verdict v = boot_hello_check(&g->h, g->got, rt->secret, &h);
+  if (v == BOOT_SHORT)
+    return 0;
+  /* Another job's secret is answered, below: that rank's user needs to
+   * hear why. Anything else that is not a greeting just goes. */
+  if (v != BOOT_OK && !(v == BOOT_WRONG_SECRET && g->got == sizeof g->h)) {
+    if (v != BOOT_WRONG_SECRET)
+      drop(rt, i, "did not greet like a Loom rank");
     return 0;
   }
-  if (g->got < sizeof g->h)
-    return 0;
-  struct greeting done = *g;
+  if (v == BOOT_WRONG_SECRET) {
+    h = g->h;
+    h.host[sizeof h.host - 1] = '\0';
+  }
+  int fd = g->fd;
   rt->pend[i] = rt->pend[--rt->npend];
   /* Answers go out on a blocking socket. */
-  int fl = fcntl(done.fd, F_GETFL);
-  fcntl(done.fd, F_SETFL, fl & ~O_NONBLOCK);
-  return admit(rt, &done.h, done.fd) < 0 ? -1 : 0;
+  int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return admit(rt, &h, fd) < 0 ? -1 : 0;
+}
+
+/* Takes every connection waiting. A full table makes room by dropping the
+ * connection that has said least for longest; each new one is read at
+ * once, since a rank greets as soon as it connects. -1: stop. */
+static int accept_all(struct root *rt) {
+  for (;;) {
+    int fd = accept4(rt->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0)
+      return 0;
+    if (rt->npend == MAX_PENDING) {
+      int victim = 0;
+      for (int i = 1; i < rt->npend; i++)
+        if (rt->pend[i].got < rt->pend[victim].got ||
+            (rt->pend[i].got == rt->pend[victim].got && rt->pend[i].until < rt->pend[victim].until))
+          victim = i;
+      drop(rt, victim, "was still incomplete when the root had too many connections waiting");
+    }
+    rt->pend[rt->npend++] = (struct greeting){.fd = fd, .until = time_ns() + GREETING_NS};
+    if (read_greeting(rt, rt->npend - 1) < 0)
+      return -1;
+  }
 }
 
 static void timed_out(struct root *rt) {
@@ -256,8 +275,8 @@ static void *root_main(void *arg) {
         stop = read_greeting(rt, i) < 0;
     if (stop)
       break;
-    if (pfd[0].revents & POLLIN)
-      accept_all(rt);
+    if ((pfd[0].revents & POLLIN) && accept_all(rt) < 0)
+      break;
   }
   for (int i = 0; i < rt->npend; i++)
     close(rt->pend[i].fd);

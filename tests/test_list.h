@@ -240,6 +240,10 @@ TEST(verbs_double_cq_overflow, 60)
 TEST(verbs_double_dead_peer, 60)
 TEST(verbs_double_cleanup, 60)
 TEST(verbs_double_netns, 120)
+/* ---- hostile input: listeners, floods, fuzz-found cases (test_hostile.c) ---- */
+TEST(hostile_root_flood, 90)
+TEST(hostile_rank_flood, 90)
+TEST(hostile_net_socket_flood, 90)
 /* ---- call agreement check (test_call_check.c) ---- */
 TEST(call_check_root_2, 60)
 TEST(call_check_root_4, 60)

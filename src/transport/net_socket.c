@@ -27,34 +27,23 @@
 
 static const char handle_magic[8] = "LOOMSK2";
 
-struct sock_handle {
-  char magic[8];
-  union sock_addr addr;
-  uint64_t cookie; /* the connector must present it */
-  uint32_t nsocks, nthreads;
-  uint64_t min_task;
-};
 _Static_assert(sizeof(struct sock_handle) <= NET_HANDLE_MAXSIZE, "socket handle too large");
-
-/* The first bytes on every TCP connection of a net connection: which
- * connection (a random id the connector picks) and which of its sockets
- * (nsocks: the control socket) this is, since the accepts of several
- * sockets, or several connections, come in any order. */
-struct sock_hello {
-  uint64_t cookie;
-  uint64_t conn_id;
-  uint32_t index, nsocks;
-};
 
 /* An accepted TCP connection whose hello is still arriving. */
 struct sock_greet {
   int fd;
+  uint64_t until;
   size_t got;
   struct sock_hello h;
   char from[SOCK_ADDR_STRLEN];
 };
 
+/* Connections a listener reads hellos from at once; past that the oldest
+ * silent one makes room, so a flood cannot lock the real peer out. */
 #define SOCK_MAX_GREET 256
+/* A connector sends its hello the moment its connect completes; one that
+ * has not within this time is not a connector of this job. */
+#define SOCK_GREET_NS 5000000000ull
 
 struct sock_listen {
   int fd;
@@ -262,6 +251,7 @@ static ncclResult_t sock_listen_dev(int dev, void *handle, void **listen_comm) {
   l->nsocks = l->nthreads * nspt;
   l->min_task = (size_t)param_int(P_SOCKET_MIN_TASKSIZE);
   sock_addr_str(&bound, l->where, sizeof l->where);
+  INFO(LOG_NET, "NET/Socket: listening on %s for a connection of %d data socket(s)", l->where, l->nsocks);
   struct sock_handle h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, handle_magic, sizeof h.magic);
@@ -325,16 +315,33 @@ static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
   return ncclSuccess;
 }
 
+ncclResult_t sock_handle_decode(const void *handle, size_t len, struct sock_handle *out) {
+  if (len < sizeof *out)
+    return err_set(ncclInternalError, "socket plugin: the connection handle has %zu bytes, not %zu", len,
+                   sizeof *out);
+  memcpy(out, handle, sizeof *out);
+  if (memcmp(out->magic, handle_magic, sizeof out->magic) != 0)
+    return err_set(ncclInternalError, "socket plugin: the connection handle is not a socket handle");
+  if (out->nsocks > SOCK_MAX_SOCKS || out->nthreads > SOCK_MAX_THREADS || (out->nsocks && !out->nthreads) ||
+      !out->min_task)
+    return err_set(ncclInternalError,
+                   "socket plugin: the connection handle asks for %u sockets, %u threads and %llu-byte tasks",
+                   out->nsocks, out->nthreads, (unsigned long long)out->min_task);
+  if (out->addr.sa.sa_family != AF_INET && out->addr.sa.sa_family != AF_INET6)
+    return err_set(ncclInternalError, "socket plugin: the connection handle's address is of family %d",
+                   out->addr.sa.sa_family);
+  return ncclSuccess;
+}
+
+int sock_hello_ok(const struct sock_hello *h, uint64_t cookie, int nsocks) {
+  return h->cookie == cookie && h->nsocks == (uint32_t)nsocks && h->index <= (uint32_t)nsocks;
+}
+
 static ncclResult_t sock_connect_dev(int dev, const void *handle, void **send_comm) {
   struct sock_comm *c = *send_comm;
   if (c == NULL) {
     struct sock_handle h;
-    memcpy(&h, handle, sizeof h);
-    if (memcmp(h.magic, handle_magic, sizeof h.magic) != 0)
-      return err_set(ncclInternalError, "socket plugin: the connection handle is not a socket handle");
-    if (h.nsocks > SOCK_MAX_SOCKS || h.nthreads > SOCK_MAX_THREADS || (h.nsocks && !h.nthreads) || !h.min_task)
-      return err_set(ncclInternalError, "socket plugin: the connection handle asks for %u sockets and %u threads",
-                     h.nsocks, h.nthreads);
+    CHECK(sock_handle_decode(handle, NET_HANDLE_MAXSIZE, &h));
     CHECK(comm_new(&c, (int)h.nsocks, (int)h.nthreads, (size_t)h.min_task));
     c->is_send = 1;
     c->peer = h.addr;
@@ -366,7 +373,7 @@ static void greet_drop(struct sock_listen *l, int k) {
  * once all its sockets are in, goes to *done. */
 static ncclResult_t greet_file(struct sock_listen *l, int k, struct sock_comm **done) {
   struct sock_greet *g = &l->greet[k];
-  if (g->h.cookie != l->cookie || g->h.nsocks != (uint32_t)l->nsocks || g->h.index > (uint32_t)l->nsocks) {
+  if (!sock_hello_ok(&g->h, l->cookie, l->nsocks)) {
     /* Somebody else's connection: drop it and keep waiting for ours. */
     WARN("NET/Socket: dropped a connection to %s from %s that did not present the expected cookie", l->where,
          g->from);
@@ -411,10 +418,38 @@ static ncclResult_t greet_file(struct sock_listen *l, int k, struct sock_comm **
   return ncclSuccess;
 }
 
+/* Reads what greeting k has sent and files it once whole; a connection
+ * that ends or falls silent goes. */
+static ncclResult_t greet_read(struct sock_listen *l, int k, uint64_t now, struct sock_comm **done) {
+  struct sock_greet *g = &l->greet[k];
+  ssize_t n = recv(g->fd, (char *)&g->h + g->got, sizeof g->h - g->got, MSG_DONTWAIT);
+  if (n > 0) {
+    g->got += (size_t)n;
+  } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    greet_drop(l, k); /* a connector that gave up, or a stranger */
+    return ncclSuccess;
+  }
+  if (g->got < sizeof g->h) {
+    if (now >= g->until) {
+      WARN("NET/Socket: dropped a connection to %s from %s that sent %zu of the %zu bytes of a hello in %llu s",
+           l->where, g->from, g->got, sizeof g->h, (unsigned long long)(SOCK_GREET_NS / 1000000000ull));
+      greet_drop(l, k);
+    }
+    return ncclSuccess;
+  }
+  return greet_file(l, k, done);
+}
+
 static ncclResult_t sock_accept_conn(void *listen_comm, void **recv_comm) {
   struct sock_listen *l = listen_comm;
   *recv_comm = NULL;
-  while (l->ngreet < SOCK_MAX_GREET) {
+  struct sock_comm *done = NULL;
+  uint64_t now = time_ns();
+  /* Hellos already here first: reading one may remove it (the last entry
+   * fills its place), so walk backwards. */
+  for (int k = l->ngreet - 1; k >= 0 && !done; k--)
+    CHECK(greet_read(l, k, now, &done));
+  while (!done) {
     union sock_addr from;
     socklen_t alen = sizeof from;
     int fd = accept4(l->fd, &from.sa, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -423,31 +458,29 @@ static ncclResult_t sock_accept_conn(void *listen_comm, void **recv_comm) {
         break;
       return err_set(ncclSystemError, "accept on %s failed: %s", l->where, strerror(errno));
     }
+    if (l->ngreet == SOCK_MAX_GREET) {
+      int victim = 0;
+      for (int k = 1; k < l->ngreet; k++)
+        if (l->greet[k].got < l->greet[victim].got ||
+            (l->greet[k].got == l->greet[victim].got && l->greet[k].until < l->greet[victim].until))
+          victim = k;
+      WARN("NET/Socket: dropped a connection to %s from %s that had sent %zu bytes of a hello when %d more "
+           "were waiting",
+           l->where, l->greet[victim].from, l->greet[victim].got, SOCK_MAX_GREET);
+      greet_drop(l, victim);
+    }
     sock_set_nodelay(fd);
     struct sock_greet *g = &l->greet[l->ngreet++];
     memset(g, 0, sizeof *g);
     g->fd = fd;
+    g->until = now + SOCK_GREET_NS;
     sock_addr_str(&from, g->from, sizeof g->from);
+    /* A connector sends its hello as soon as it is connected. */
+    CHECK(greet_read(l, l->ngreet - 1, now, &done));
   }
-  for (int k = 0; k < l->ngreet;) {
-    struct sock_greet *g = &l->greet[k];
-    ssize_t n = recv(g->fd, (char *)&g->h + g->got, sizeof g->h - g->got, MSG_DONTWAIT);
-    if (n > 0)
-      g->got += (size_t)n;
-    else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      greet_drop(l, k); /* a connector that gave up */
-      continue;
-    }
-    if (g->got < sizeof g->h) {
-      k++;
-      continue;
-    }
-    struct sock_comm *done = NULL;
-    CHECK(greet_file(l, k, &done));
-    if (done) {
-      *recv_comm = done;
-      return ncclSuccess;
-    }
+  if (done) {
+    *recv_comm = done;
+    return ncclSuccess;
   }
   return ncclInProgress;
 }
@@ -527,7 +560,7 @@ static void progress(struct sock_comm *c) {
       continue;
     if (sock_stream_move(c, c->fd, r->is_send, (char *)&r->len, sizeof r->len, &r->hdr_done) <= 0)
       return;
-    if (!r->is_send && r->len > r->size) {
+    if (!r->is_send && sock_msg_chunks(c, r->len, r->size) < 0) {
       sock_comm_fail(c, ncclInvalidUsage, "%s sent a message of %llu bytes into a %zu-byte buffer", c->where,
                      (unsigned long long)r->len, r->size);
       return;

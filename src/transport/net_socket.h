@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core.h" /* NCCL_STEPS */
 #include "misc/socket.h"
 #include "nccl.h"
 
@@ -37,6 +38,45 @@
 
 struct sock_comm;
 struct sock_req;
+
+/* What a listener publishes, over the bootstrap, for its connector. The
+ * cookie is a fresh random number per listener: only ranks of the job see
+ * it (the bootstrap admits only holders of the job's secret), so a
+ * connection that does not present it comes from outside the job. */
+struct sock_handle {
+  char magic[8];
+  union sock_addr addr;
+  uint64_t cookie; /* the connector must present it */
+  uint32_t nsocks, nthreads;
+  uint64_t min_task;
+};
+
+/* The first bytes on every TCP connection of a net connection: which
+ * connection (a random id the connector picks) and which of its sockets
+ * (nsocks: the control socket) this is, since the accepts of several
+ * sockets, or several connections, come in any order. */
+struct sock_hello {
+  uint64_t cookie;
+  uint64_t conn_id;
+  uint32_t index, nsocks;
+};
+
+/*
+ * Pure checks of what comes from peers, shared with
+ * tests/fuzz/fuzz_socket_msg.c. A handle arrives from the peer rank over
+ * the bootstrap; 0 when it is a socket handle with a shape this side can
+ * build (else ncclInternalError with the sentence), its copy in `out`.
+ */
+ncclResult_t sock_handle_decode(const void *handle, size_t len, struct sock_handle *out);
+/* Whether a complete hello is one of this listener's connections: the
+ * listener's cookie, its number of data sockets, a socket index in range. */
+int sock_hello_ok(const struct sock_hello *h, uint64_t cookie, int nsocks);
+/* What a receiver makes of a message's length word: -1 when the message
+ * does not fit the `posted` bytes, else the number of chunks it comes in
+ * on the data sockets (0: inline on the control socket). */
+int sock_msg_chunks(const struct sock_comm *c, uint64_t len, size_t posted);
+/* Where chunk j of a large message of `len` bytes starts, and its size. */
+void sock_chunk_span(const struct sock_comm *c, uint64_t len, int j, size_t *off, size_t *size);
 
 /* One chunk of a large message on one data socket. */
 struct sock_task {

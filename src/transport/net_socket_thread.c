@@ -46,9 +46,29 @@ const char *sock_broken_reason(ssize_t n, int err) {
 }
 
 size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len) {
-  uint64_t per = (len + (uint64_t)c->nsocks - 1) / (uint64_t)c->nsocks;
-  per = (per + 4095) & ~(uint64_t)4095; /* page-aligned spans for the kernel's copies */
+  /* Written not to overflow for any len: the receiver cuts by the length
+   * word from the wire, and a chunk count above nsocks would overrun the
+   * request's tasks. */
+  uint64_t n = (uint64_t)c->nsocks;
+  uint64_t per = len / n + (len % n != 0);
+  if (per <= UINT64_MAX - 4095)
+    per = (per + 4095) & ~(uint64_t)4095; /* page-aligned spans for the kernel's copies */
   return per > c->min_task ? (size_t)per : c->min_task;
+}
+
+int sock_msg_chunks(const struct sock_comm *c, uint64_t len, size_t posted) {
+  if (len > posted)
+    return -1;
+  if (c->nsocks == 0 || len <= c->min_task)
+    return 0;
+  uint64_t chunk = sock_chunk_bytes(c, len);
+  return (int)(len / chunk + (len % chunk != 0));
+}
+
+void sock_chunk_span(const struct sock_comm *c, uint64_t len, int j, size_t *off, size_t *size) {
+  size_t chunk = sock_chunk_bytes(c, len);
+  *off = (size_t)j * chunk;
+  *size = len - *off < chunk ? (size_t)(len - *off) : chunk;
 }
 
 /* 1: the chunk has moved; 0: the socket would block; -1: the connection
@@ -177,15 +197,14 @@ static ncclResult_t push(struct sock_comm *c, int s, struct sock_task *t) {
 }
 
 ncclResult_t sock_dispatch(struct sock_comm *c, struct sock_req *r) {
-  size_t chunk = sock_chunk_bytes(c, r->len);
-  int n = (int)((r->len + chunk - 1) / chunk);
+  int n = sock_msg_chunks(c, r->len, r->size);
   atomic_store_explicit(&r->pending, n, memory_order_relaxed);
   for (int j = 0; j < n; j++) {
     struct sock_task *t = &r->tasks[j];
-    size_t off = (size_t)j * chunk;
+    size_t off;
     t->req = r;
+    sock_chunk_span(c, r->len, j, &off, &t->size);
     t->data = r->data + off;
-    t->size = r->len - off < chunk ? (size_t)(r->len - off) : chunk;
     t->moved = 0;
     ncclResult_t e = push(c, (int)((c->next_sock + (unsigned)j) % (unsigned)c->nsocks), t);
     if (e != ncclSuccess)
