@@ -29,6 +29,9 @@ step build cmake --build $build -j"$jobs"
 step loom_info $build/tools/loom-info --ranks 2 --dump "$out/topo.xml"
 step gpu_tests ctest --test-dir $build -R '^gpu_' --output-on-failure --timeout 400
 step host_smoke ctest --test-dir $build -R '^(smoke_|p2p_ring_shm_2|coll_shm_2|unit_)' --output-on-failure
+step cuda_allreduce_1 $build/examples/cuda_allreduce --ranks 1
+step cuda_allreduce_4 $build/examples/cuda_allreduce --ranks 4 --count 16777216
+step pipeline_parallel_4 $build/examples/pipeline_parallel --ranks 4 --steps 5
 step reduce_kernel_bw $build/perf/reduce_kernel_bw 256 20
 step all_reduce_1 $build/perf/all_reduce_perf -b 8 -e 256M -f 4 -g 1 -w 5 -n 20
 step all_reduce_2 $build/tools/loomrun -n 2 --timeout 300 $build/perf/all_reduce_perf -b 8 -e 256M -f 4 -g 1 -w 5 -n 20
