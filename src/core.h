@@ -40,8 +40,16 @@
 
 /* Thread-local words read on every call: the initial-exec model reads
  * them without a __tls_get_addr call. They are few and small, so they fit
- * the static TLS that glibc keeps for libraries loaded with dlopen. */
+ * the static TLS that glibc keeps for libraries loaded with dlopen; but
+ * one initial-exec variable puts the library's whole TLS block there, and
+ * with the CUDA runtime linked in that block is 12 KB and page-aligned,
+ * which no surplus holds: CUDA builds use the dynamic model, so that
+ * Python (ctypes) or a framework can still dlopen libnccl.so.2. */
+#if LOOM_HAVE_CUDA
+#define LOOM_TLS_FAST __thread
+#else
 #define LOOM_TLS_FAST __thread __attribute__((tls_model("initial-exec")))
+#endif
 
 /* Every FIFO has this many slots, as in NCCL. */
 #define NCCL_STEPS 8
