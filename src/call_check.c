@@ -9,22 +9,27 @@
 #include "enqueue.h"
 #include "misc/param.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #define CALL_CHECK_MAGIC 0x4b43434cu /* "LCCK" */
 
+/* Communicators start on several threads at once (groups,
+ * ncclCommInitAll): the cached answer is computed whole, then published. */
 int call_check_enabled(void) {
-  static int enabled = -1;
-  if (enabled < 0) {
-    enabled = (int)param_int(P_CHECK_CALLS);
+  static _Atomic int enabled = -1;
+  int e = atomic_load_explicit(&enabled, memory_order_relaxed);
+  if (e < 0) {
+    e = (int)param_int(P_CHECK_CALLS);
 #ifdef NDEBUG
-    enabled = enabled == 1;
+    e = e == 1;
 #else
-    enabled = enabled != 0;
+    e = e != 0;
 #endif
+    atomic_store_explicit(&enabled, e, memory_order_relaxed);
   }
-  return enabled;
+  return e;
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) {
