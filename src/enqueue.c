@@ -662,21 +662,31 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   return r;
 }
 
+/* The all-gather of LOOM_CHECK_CALLS for the list `tasks`, from and into
+ * the communicator's buffers; *ncolls: the collectives it describes. */
+static ncclResult_t check_prepare(struct ncclComm *comm, const struct task *tasks, struct task *check,
+                                  uint32_t *ncolls) {
+  if (!comm->check_buf)
+    CHECK(UTIL_CALLOC(&comm->check_buf, (size_t)comm->nranks + 1, "call check buffers"));
+  *ncolls = call_check_describe(tasks, comm->coll_seq, comm->rank, &comm->check_buf[0]);
+  *check = (struct task){.coll = COLL_ALLGATHER, .sendbuff = &comm->check_buf[0], .recvbuff = &comm->check_buf[1],
+                         .count = sizeof(struct call_desc), .dtype = ncclUint8, .op = ncclSum, .root = -1,
+                         .peer = -1, .call_check = 1};
+  check->red.dtype = ncclUint8;
+  return ncclSuccess;
+}
+
 /* LOOM_CHECK_CALLS for a call of its own: the check's all-gather takes
  * the same quick path as the call, and the call is then marked checked,
  * whichever path runs it. *refused: the ranks disagree (the sentence is
  * recorded, nothing moved). */
 static ncclResult_t check_single(struct ncclComm *comm, struct task *t, int *refused) {
-  if (!comm->check_buf)
-    CHECK(UTIL_CALLOC(&comm->check_buf, (size_t)comm->nranks + 1, "call check buffers"));
-  struct task *next = t->next;
+  struct task *next = t->next, check;
+  uint32_t ncolls;
   t->next = NULL;
-  call_check_describe(t, comm->coll_seq, comm->rank, &comm->check_buf[0]);
+  ncclResult_t pr = check_prepare(comm, t, &check, &ncolls);
   t->next = next;
-  struct task check = {.coll = COLL_ALLGATHER, .sendbuff = &comm->check_buf[0], .recvbuff = &comm->check_buf[1],
-                       .count = sizeof(struct call_desc), .dtype = ncclUint8, .op = ncclSum, .root = -1,
-                       .peer = -1, .call_check = 1};
-  check.red.dtype = ncclUint8;
+  CHECK(pr);
   status_op_start(comm, t, comm->coll_seq, 1);
   int handled;
   CHECK(enqueue_single(comm, &check, &handled));
@@ -773,17 +783,11 @@ static ncclResult_t check_calls(struct ncclComm **comms, int ncomms, struct comm
       comm->call_checked = 0; /* by check_single, for a call the quick path left to this one */
       continue;
     }
-    if (!comm->check_buf)
-      r = UTIL_CALLOC(&comm->check_buf, (size_t)comm->nranks + 1, "call check buffers");
-    if (r != ncclSuccess ||
-        call_check_describe(comm->tasks_head, comm->coll_seq, comm->rank, &comm->check_buf[0]) == 0)
+    uint32_t ncolls;
+    r = check_prepare(comm, comm->tasks_head, &cs[n].check, &ncolls);
+    if (r != ncclSuccess || ncolls == 0)
       continue;
-    struct call_check_slot *c = &cs[n];
-    c->comm = sel[n] = comm;
-    c->check = (struct task){.coll = COLL_ALLGATHER, .sendbuff = &comm->check_buf[0],
-                             .recvbuff = &comm->check_buf[1], .count = sizeof(struct call_desc),
-                             .dtype = ncclUint8, .op = ncclSum, .root = -1, .peer = -1, .call_check = 1};
-    c->check.red.dtype = ncclUint8;
+    cs[n].comm = sel[n] = comm;
     n++;
   }
   if (r == ncclSuccess && n > 0) {

@@ -367,6 +367,46 @@ static void hx_flood_report(const struct hx_flood *f, const char *where) {
  * file NCCL_DEBUG_FILE names is opened once and stays; nothing else may. */
 static int fds_now(void) { return harness_count_entries("/proc/self/fd", NULL); }
 
+/* The end every kid shares: one checked AllReduce on `check` (where this
+ * kid is rank `check_rank`), `check` and then `comm` destroyed with no fd
+ * left over from before init (`fds0`; the log's may stay), and the result
+ * record. `where` prefixes a failed check ("" for none). */
+static void hx_finish(struct hx_args *a, ncclComm_t comm, ncclComm_t check, int check_rank, int fds0, double took,
+                      const char *where) {
+  char why[512];
+  if (bt_allreduce_check(check, check_rank, a->nranks, why, sizeof why) != 0) {
+    hx_put(a, 'R', -1, took, "%s%s", where, why);
+    return;
+  }
+  if (check != comm)
+    ncclCommDestroy(check);
+  ncclResult_t r = ncclCommDestroy(comm);
+  int fds1 = fds_now();
+  if (r == ncclSuccess && fds1 > fds0 + 1) {
+    hx_put(a, 'R', -1, took, "rank %d has %d fds after ncclCommDestroy, %d before ncclCommInitRank", a->rank, fds1,
+           fds0);
+    return;
+  }
+  hx_put(a, 'R', r, took, "%s", r == ncclSuccess ? "" : ncclGetLastError(NULL));
+}
+
+/* The start of the kids that are flooded after init: the id from the
+ * test, init, the 'I' record, then the test's go. 0 if init failed (and
+ * was reported). */
+static int hx_init(struct hx_args *a, ncclComm_t *comm) {
+  ncclUniqueId id;
+  if (harness_read_all(a->in, &id, sizeof id) != 0)
+    _exit(3);
+  ncclResult_t r = ncclCommInitRank(comm, a->nranks, id, a->rank);
+  if (r != ncclSuccess) {
+    hx_put(a, 'I', r, 0, "ncclCommInitRank: %s", ncclGetLastError(NULL));
+    return 0;
+  }
+  hx_put(a, 'I', 0, 0, "");
+  hx_wait_go(a);
+  return 1;
+}
+
 /* ---- the bootstrap root ---- */
 
 static void root_kid(struct hx_args *a) {
@@ -382,19 +422,7 @@ static void root_kid(struct hx_args *a) {
     hx_put(a, 'R', r, took, "ncclCommInitRank: %s", ncclGetLastError(NULL));
     return;
   }
-  char why[512];
-  if (bt_allreduce_check(comm, a->rank, a->nranks, why, sizeof why) != 0) {
-    hx_put(a, 'R', -1, took, "%s", why);
-    return;
-  }
-  r = ncclCommDestroy(comm);
-  int fds1 = fds_now();
-  if (r == ncclSuccess && fds1 > fds0 + 1) {
-    hx_put(a, 'R', -1, took, "rank %d has %d fds after ncclCommDestroy, %d before ncclCommInitRank", a->rank, fds1,
-           fds0);
-    return;
-  }
-  hx_put(a, 'R', r, took, "%s", r == ncclSuccess ? "" : ncclGetLastError(NULL));
+  hx_finish(a, comm, comm, a->rank, fds0, took, "");
 }
 
 TEST_IMPL(hostile_root_flood) {
@@ -443,39 +471,20 @@ TEST_IMPL(hostile_root_flood) {
 
 static void rank_kid(struct hx_args *a) {
   int fds0 = fds_now();
-  ncclUniqueId id;
-  if (harness_read_all(a->in, &id, sizeof id) != 0)
-    _exit(3);
   ncclComm_t comm, child;
-  ncclResult_t r = ncclCommInitRank(&comm, a->nranks, id, a->rank);
-  if (r != ncclSuccess) {
-    hx_put(a, 'I', r, 0, "ncclCommInitRank: %s", ncclGetLastError(NULL));
+  if (!hx_init(a, &comm))
     return;
-  }
-  hx_put(a, 'I', 0, 0, "");
-  hx_wait_go(a);
   /* The split's all-gathers go through the flooded listener. */
   double t0 = now_s();
-  r = ncclCommSplit(comm, 0, a->nranks - 1 - a->rank, &child, NULL);
+  ncclResult_t r = ncclCommSplit(comm, 0, a->nranks - 1 - a->rank, &child, NULL);
   double took = now_s() - t0;
   if (r != ncclSuccess) {
     hx_put(a, 'R', r, took, "rank %d: ncclCommSplit past the flood: %s", a->rank, ncclGetLastError(comm));
     return;
   }
-  char why[512];
-  if (bt_allreduce_check(child, a->nranks - 1 - a->rank, a->nranks, why, sizeof why) != 0) {
-    hx_put(a, 'R', -1, took, "rank %d on the split communicator: %s", a->rank, why);
-    return;
-  }
-  ncclCommDestroy(child);
-  r = ncclCommDestroy(comm);
-  int fds1 = fds_now();
-  if (r == ncclSuccess && fds1 > fds0 + 1) {
-    hx_put(a, 'R', -1, took, "rank %d has %d fds after ncclCommDestroy, %d before ncclCommInitRank", a->rank, fds1,
-           fds0);
-    return;
-  }
-  hx_put(a, 'R', r, took, "%s", r == ncclSuccess ? "" : ncclGetLastError(NULL));
+  char where[64];
+  snprintf(where, sizeof where, "rank %d on the split communicator: ", a->rank);
+  hx_finish(a, comm, child, a->nranks - 1 - a->rank, fds0, took, where);
 }
 
 TEST_IMPL(hostile_rank_flood) {
@@ -538,17 +547,9 @@ enum { NET_BYTES = 1 << 20 };
 
 static void net_kid(struct hx_args *a) {
   int fds0 = fds_now();
-  ncclUniqueId id;
-  if (harness_read_all(a->in, &id, sizeof id) != 0)
-    _exit(3);
   ncclComm_t comm;
-  ncclResult_t r = ncclCommInitRank(&comm, a->nranks, id, a->rank);
-  if (r != ncclSuccess) {
-    hx_put(a, 'I', r, 0, "ncclCommInitRank: %s", ncclGetLastError(NULL));
+  if (!hx_init(a, &comm))
     return;
-  }
-  hx_put(a, 'I', 0, 0, "");
-  hx_wait_go(a);
   static uint32_t buf[NET_BYTES / 4];
   for (size_t i = 0; i < NET_BYTES / 4; i++)
     buf[i] = a->rank == 1 ? (uint32_t)(i * 2654435761u) : 0;
@@ -556,8 +557,8 @@ static void net_kid(struct hx_args *a) {
    * from the group's end it waits on the bootstrap for rank 1, with the
    * listener open, until the test lets rank 1 send. */
   double t0 = now_s();
-  r = a->rank == 0 ? ncclRecv(buf, NET_BYTES / 4, ncclUint32, 1, comm, NULL)
-                   : ncclSend(buf, NET_BYTES / 4, ncclUint32, 0, comm, NULL);
+  ncclResult_t r = a->rank == 0 ? ncclRecv(buf, NET_BYTES / 4, ncclUint32, 1, comm, NULL)
+                                : ncclSend(buf, NET_BYTES / 4, ncclUint32, 0, comm, NULL);
   double took = now_s() - t0;
   if (r != ncclSuccess) {
     hx_put(a, 'R', r, took, "rank %d: %s past the flood: %s", a->rank, a->rank ? "ncclSend" : "ncclRecv",
@@ -570,19 +571,9 @@ static void net_kid(struct hx_args *a) {
              (uint32_t)(i * 2654435761u));
       return;
     }
-  char why[512];
-  if (bt_allreduce_check(comm, a->rank, a->nranks, why, sizeof why) != 0) {
-    hx_put(a, 'R', -1, took, "rank %d after the flood: %s", a->rank, why);
-    return;
-  }
-  r = ncclCommDestroy(comm);
-  int fds1 = fds_now();
-  if (r == ncclSuccess && fds1 > fds0 + 1) {
-    hx_put(a, 'R', -1, took, "rank %d has %d fds after ncclCommDestroy, %d before ncclCommInitRank", a->rank, fds1,
-           fds0);
-    return;
-  }
-  hx_put(a, 'R', r, took, "%s", r == ncclSuccess ? "" : ncclGetLastError(NULL));
+  char where[64];
+  snprintf(where, sizeof where, "rank %d after the flood: ", a->rank);
+  hx_finish(a, comm, comm, a->rank, fds0, took, where);
 }
 
 TEST_IMPL(hostile_net_socket_flood) {
