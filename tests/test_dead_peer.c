@@ -40,7 +40,9 @@ static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
       rank_signal('k'); /* the test kills or stops this process now */
     ncclResult_t r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL);
     if (r != ncclSuccess) {
-      const char *msg = ncclGetLastError(comm);
+      /* A copy: the message lives in the communicator, which the abort frees. */
+      char msg[4096];
+      snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
       fprintf(stderr, "rank %d: iteration %d returned %s: %s\n", rank, it, ncclGetErrorString(r), msg);
       RASSERT(r == ncclRemoteError || r == ncclSystemError, "unexpected result %d", (int)r);
       RASSERT(strstr(msg, "AllReduce") != NULL && strstr(msg, "rank ") != NULL,

@@ -55,7 +55,9 @@ static int late_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclResult_t r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL);
   if (cfg->stop) {
     /* The stopped rank never gets here before it is killed. */
-    const char *msg = ncclGetLastError(comm);
+    /* A copy: the message lives in the communicator, which the abort frees. */
+    char msg[4096];
+    snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
     fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
     RASSERT(r == ncclRemoteError || r == ncclSystemError, "rank %d: expected an error, got %d", rank, (int)r);
     ncclCommAbort(comm);

@@ -329,7 +329,12 @@ static ncclResult_t net_progress(struct conn *c) {
   if (r != ncclSuccess) {
     context(c);
     np->error = r;
-    snprintf(np->why, sizeof np->why, "%s", err_thread_last());
+    /* A peer that closed its connection may have exited, or given up
+     * because another rank did: on this host the pidfds say who has
+     * exited by now, when the failure is first seen. */
+    char note[512];
+    transport_note_exited(c->comm, note, sizeof note);
+    snprintf(np->why, sizeof np->why, "%s%s", err_thread_last(), note);
   }
   return ncclSuccess;
 }

@@ -37,9 +37,14 @@ struct shm_ctrl {
   _Atomic uint32_t head_sleepers;
   char pad1[LOOM_CACHE_LINE - sizeof(uint64_t) - sizeof(uint32_t)];
   _Atomic uint32_t failed[2]; /* indexed by the failing side's conn_dir */
+  /* Why that side failed (its communicator's error), written before
+   * failed[]: a rank that waits on a rank that gave up because a third
+   * died learns of the third. Empty when it was aborted without an error. */
+  char why[2][LOOM_ERR_LEN];
 };
 
 #define SHM_DATA_OFFSET 4096
+_Static_assert(sizeof(struct shm_ctrl) <= SHM_DATA_OFFSET, "the control block overlaps the data");
 
 struct shm_info {
   char name[64];
@@ -184,16 +189,28 @@ static int shm_flushed(struct conn *c) { return 1; }
 
 static ncclResult_t shm_check(struct conn *c) {
   struct shm_priv *sp = c->priv;
-  if (sp && sp->map && atomic_load(&((struct shm_ctrl *)sp->map)->failed[!c->dir]))
-    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation", c->peer,
-                   c->comm->peers[c->peer].hostname);
+  struct shm_ctrl *ctrl = sp ? sp->map : NULL;
+  if (ctrl && atomic_load(&ctrl->failed[!c->dir])) {
+    const char *why = ctrl->why[!c->dir];
+    if (memchr(why, '\0', LOOM_ERR_LEN) && why[0] != '\0')
+      return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %s)", c->peer,
+                     c->comm->peers[c->peer].hostname, why);
+    char note[512];
+    transport_note_exited(c->comm, note, sizeof note);
+    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", c->peer,
+                   c->comm->peers[c->peer].hostname, note);
+  }
   return transport_peer_alive(c->comm, c->peer);
 }
 
 static void shm_poison(struct conn *c) {
   struct shm_priv *sp = c->priv;
-  if (sp && sp->map)
-    atomic_store(&((struct shm_ctrl *)sp->map)->failed[c->dir], 1);
+  struct shm_ctrl *ctrl = sp ? sp->map : NULL;
+  if (!ctrl || atomic_load(&ctrl->failed[c->dir]))
+    return;
+  if (c->comm->async_error != ncclSuccess)
+    snprintf(ctrl->why[c->dir], sizeof ctrl->why[c->dir], "%s", c->comm->last_error);
+  atomic_store(&ctrl->failed[c->dir], 1);
 }
 
 static void shm_free(struct conn *c) {

@@ -162,7 +162,8 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
         err_context("rank %d: connecting to rank %d over %s", c->comm->rank, c->peer, c->tr->name);
         goto out;
       }
-      if (c->comm->abort_flag) {
+      /* Set by ncclCommAbort on another thread. */
+      if (__atomic_load_n(&c->comm->abort_flag, __ATOMIC_ACQUIRE)) {
         r = err_set(ncclInvalidUsage, "the communicator was aborted while connecting to rank %d", c->peer);
         goto out;
       }
@@ -229,4 +230,22 @@ ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
     return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
                    comm->peers[peer].hostname);
   return ncclSuccess;
+}
+
+void transport_note_exited(struct ncclComm *comm, char *buf, size_t len) {
+  size_t used = 0;
+  if (len > 0)
+    buf[0] = '\0';
+  for (int r = 0; comm->peer_pidfd && r < comm->nranks && used < len; r++) {
+    if (r == comm->rank || comm->peer_pidfd[r] < 0)
+      continue;
+    struct pollfd p = {.fd = comm->peer_pidfd[r], .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0)
+      continue;
+    int k = snprintf(buf + used, len - used, "; rank %d (pid %d on %s) has exited", r, comm->peers[r].pid,
+                     comm->peers[r].hostname);
+    if (k < 0)
+      break;
+    used += (size_t)k;
+  }
 }

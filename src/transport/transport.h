@@ -146,5 +146,10 @@ const char *net_conn_name(const struct conn *c);
 
 /* Waiting helpers shared by transports. */
 ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
+/* The ranks of this host that have exited, as "; rank 2 (pid 123 on h)
+ * has exited" (empty if none), for a peer that gave up on an operation or
+ * closed its connection: it did so most likely because one of them died,
+ * which it cannot tell this rank itself. */
+void transport_note_exited(struct ncclComm *comm, char *buf, size_t len);
 
 #endif
