@@ -385,7 +385,8 @@ ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *d
   uint64_t deadline = deadline_from_timeout();
   uint64_t next_check = time_ns() + 100000000ull, next_probe = time_ns() + 1000000000ull;
   while (s == NULL) {
-    if (b->abort_flag && *b->abort_flag) {
+    /* Set by ncclCommAbort on another thread. */
+    if (b->abort_flag && __atomic_load_n(b->abort_flag, __ATOMIC_ACQUIRE)) {
       r = err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", peer);
       goto out;
     }

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #endif
 #include "harness.h"
+#include "sanitizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -13,16 +14,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-/* Ranks leave with _exit, which LeakSanitizer's check at exit never sees:
- * in an AddressSanitizer build (cmake/Sanitize.cmake) a rank that
- * succeeded is checked for leaks first, and fails if it leaked. */
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-static int leak_check(int rc) { return rc == 0 && __lsan_do_recoverable_leak_check() ? 1 : rc; }
-#else
-static int leak_check(int rc) { return rc; }
-#endif
 
 static int event_fd = -1;
 static int (*rank_setup)(int rank, void *arg);
@@ -125,6 +116,7 @@ int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
       return -1;
     if (pid == 0) {
       event_fd = ev[1];
+      sanitizer_settle();
       if (rank_setup && rank_setup(r, arg) != 0) {
         fprintf(stderr, "rank %d: setup failed\n", r);
         _exit(2);
@@ -149,7 +141,7 @@ int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events) {
       }
       if (ev[0] >= 0)
         close(ev[0]);
-      int rc = leak_check(fn(r, nranks, id, arg));
+      int rc = sanitizer_leak_check(fn(r, nranks, id, arg));
       fflush(stdout);
       fflush(stderr);
       _exit(rc);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sanitizer.h"
 #include "test.h"
 
 #ifdef RUNNER_UNIT
@@ -67,7 +68,8 @@ static int run(const struct entry *e) {
   }
   if (pid == 0) {
     setpgid(0, 0);
-    int rc = e->fn();
+    sanitizer_settle();
+    int rc = sanitizer_leak_check(e->fn());
     fflush(stdout);
     fflush(stderr);
     _exit(rc);

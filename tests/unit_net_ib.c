@@ -223,6 +223,10 @@ TEST_IMPL(unit_ib_oversize) {
   ncclResult_t res = transfer(s, r, smh, rmh, src, 8192, dst, 100, NULL);
   ASSERT(res == ncclInvalidUsage);
   ASSERT_MSG(strstr(err_thread_last(), "8192 bytes for a 100-byte receive buffer"), "%s", err_thread_last());
+  ASSERT_OK(p->dereg_mr(s, smh));
+  ASSERT_OK(p->dereg_mr(r, rmh));
+  ASSERT_OK(p->close_send(s));
+  ASSERT_OK(p->close_recv(r));
   return 0;
 }
 
@@ -254,6 +258,10 @@ TEST_IMPL(unit_ib_completion_error) {
   /* The connection stays failed: later calls say the same. */
   void *again = NULL;
   ASSERT(p->isend(s, src, 1, smh, &again) == ncclRemoteError && again == NULL);
+  ASSERT_OK(p->dereg_mr(s, smh));
+  ASSERT_OK(p->dereg_mr(r, rmh));
+  ASSERT_OK(p->close_send(s));
+  ASSERT_OK(p->close_recv(r));
   return 0;
 }
 #else

@@ -208,14 +208,17 @@ static void too_large(size_t posted, size_t sent) {
 static void peer_closes(int close_sender, size_t size) {
   void *s, *r;
   pair(&s, &r);
-  char *buf = calloc(1, size);
+  /* Separate buffers: the helper threads send from one while they
+   * receive into the other. */
+  char *buf = calloc(1, size), *dst = calloc(1, size);
+  ASSERT(buf && dst);
   void *req, *sr;
   ncclResult_t e;
   if (close_sender) {
-    ASSERT_OK(P->irecv(r, buf, size, NULL, &req));
+    ASSERT_OK(P->irecv(r, dst, size, NULL, &req));
     ASSERT_OK(P->isend(s, buf, size / 2, NULL, &sr));
     wait_two(sr, NULL, req, NULL); /* a first message goes through */
-    ASSERT_OK(P->irecv(r, buf, size, NULL, &req));
+    ASSERT_OK(P->irecv(r, dst, size, NULL, &req));
     if (size > (1 << 20)) {
       ASSERT_OK(P->isend(s, buf, size, NULL, &sr));
       int done = 0;
@@ -238,6 +241,7 @@ static void peer_closes(int close_sender, size_t size) {
              err_thread_last());
   ASSERT_OK(close_sender ? P->close_recv(r) : P->close_send(s));
   free(buf);
+  free(dst);
 }
 
 /* A stranger's connection to the listener (no cookie) is dropped; two

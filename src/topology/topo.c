@@ -89,8 +89,15 @@ int topo_current_numa(void) {
   if (cpu < 0)
     return 0;
 #if LOOM_HAVE_NUMA
+  /* libnuma fills its per-node CPU mask cache (numa_node_to_cpus, which
+   * numa_node_of_cpu calls) on first use without a lock: communicators
+   * initialised on several threads at once (a group, ncclCommInitAll)
+   * would race there and lose the cache's allocations. */
+  static pthread_mutex_t numa_lock = PTHREAD_MUTEX_INITIALIZER;
   if (numa_available() >= 0) {
+    pthread_mutex_lock(&numa_lock);
     int node = numa_node_of_cpu(cpu);
+    pthread_mutex_unlock(&numa_lock);
     return node < 0 ? 0 : node;
   }
 #endif
