@@ -61,13 +61,26 @@ static void bounds(int t, int *amax, int *bmode) {
   }
 }
 
-static double A(int t, uint64_t seed, size_t i) {
+/* How many values A(i) (Aprod(i) for Prod) takes for the type. */
+static unsigned span_of(int t, int op) {
   int amax, bm;
   bounds(t, &amax, &bm);
-  uint32_t h = mix(seed * 0x9e3779b97f4a7c15ull + i);
-  if (is_unsigned(t))
-    return (double)(h % (2 * amax + 1));
-  return (double)((int)(h % (2 * amax + 1)) - amax);
+  return op == ncclProd ? 4 : (unsigned)(2 * amax + 1);
+}
+
+/* Which of those values element i has in the call with `seed`. */
+static unsigned draw(uint64_t seed, size_t i, unsigned span) {
+  return (unsigned)(((uint64_t)mix(seed * 0x9e3779b97f4a7c15ull + i) * span) >> 32);
+}
+
+/* Value k of A (Aprod for Prod). */
+static double a_value(int t, int op, unsigned k) {
+  static const double f[] = {1, -1, 2, 0.5}, s[] = {1, -1, 2, 3}, u[] = {1, 2, 3, 1};
+  if (op == ncclProd)
+    return is_unsigned(t) ? u[k] : is_int(t) ? s[k] : f[k];
+  int amax, bm;
+  bounds(t, &amax, &bm);
+  return is_unsigned(t) ? (double)k : (double)((int)k - amax);
 }
 
 static double B(int t, int r) {
@@ -78,12 +91,6 @@ static double B(int t, int r) {
   return bm == 2 ? (double)(r - 4) : bm == 1 ? (double)(r % 3 - 1) : 0.0;
 }
 
-static double Aprod(int t, uint64_t seed, size_t i) {
-  static const double f[] = {1, -1, 2, 0.5}, s[] = {1, -1, 2, 3}, u[] = {1, 2, 3, 1};
-  uint32_t h = mix(seed * 0x9e3779b97f4a7c15ull + i) % 4;
-  return is_unsigned(t) ? u[h] : is_int(t) ? s[h] : f[h];
-}
-
 static double Cprod(int t, int r) { return is_unsigned(t) ? (double)(1 + r % 2) : (r % 3 == 1 ? -1.0 : 1.0); }
 
 /* PreMulSum scalars: powers of two for floats, small integers for ints. */
@@ -92,8 +99,9 @@ static double premul_scalar(int t, int r) {
   return is_int(t) ? (double)(1 + r % 3) : f[r % 3];
 }
 
-static double input(int t, int op, uint64_t seed, int r, size_t i) {
-  return op == ncclProd ? Aprod(t, seed, i) * Cprod(t, r) : A(t, seed, i) + B(t, r);
+/* Rank r's input built on value k of A (Aprod). */
+static double input_of(int t, int op, int r, unsigned k) {
+  return op == ncclProd ? a_value(t, op, k) * Cprod(t, r) : a_value(t, op, k) + B(t, r);
 }
 
 static double unit_roundoff(int t) {
@@ -115,10 +123,10 @@ static double wrap_int(int t, double v) {
   return dtype_load(t, tmp, 0);
 }
 
-/* The reduced value of element index `i` (into each rank's input). */
-static void reference(int t, int op, int n, uint64_t seed, size_t i, double avg_scalar, double *want, double *tol) {
+/* The reduced value of an element whose inputs are built on `a` (A(i),
+ * or Aprod(i) for Prod). */
+static void reference_of(int t, int op, int n, double a, double avg_scalar, double *want, double *tol) {
   *tol = 0;
-  double a = op == ncclProd ? Aprod(t, seed, i) : A(t, seed, i);
   if (op == ncclProd) {
     double p = 1;
     for (int r = 0; r < n; r++)
@@ -154,6 +162,65 @@ static void reference(int t, int op, int n, uint64_t seed, size_t i, double avg_
     *want = is_int(t) ? wrap_int(t, pre) : pre;
     *tol = is_int(t) ? 0 : (n + 1) * unit_roundoff(t) * mag;
   }
+}
+
+/* An element's value depends on the rank and on which of A's few values
+ * (span_of) it drew, so a call's inputs and results are tables of that
+ * many entries, each stored in the type once: filling and checking a large
+ * buffer then costs a hash and a copy or comparison per element, instead
+ * of conversions and a reduction over the ranks (which made the matrix at
+ * 8 ranks minutes long). */
+struct values {
+  int t;
+  unsigned span;
+  double v[8], tol[8];
+  unsigned char bytes[8][8]; /* v[k] stored in the type */
+};
+
+/* Rank r's inputs. */
+static void values_input(struct values *x, int t, int op, int r) {
+  x->t = t;
+  x->span = span_of(t, op);
+  for (unsigned k = 0; k < x->span; k++) {
+    x->v[k] = input_of(t, op, r, k);
+    x->tol[k] = 0;
+    dtype_store(t, x->bytes[k], 0, x->v[k]);
+  }
+}
+
+/* The reduction of the n ranks' inputs. */
+static void values_reduced(struct values *x, int t, int op, int n, double avg_scalar) {
+  x->t = t;
+  x->span = span_of(t, op);
+  for (unsigned k = 0; k < x->span; k++) {
+    reference_of(t, op, n, a_value(t, op, k), avg_scalar, &x->v[k], &x->tol[k]);
+    dtype_store(t, x->bytes[k], 0, x->v[k]);
+  }
+}
+
+static void fill(const struct values *x, uint64_t seed, char *buf, size_t first, size_t n) {
+  size_t es = dtype_size(x->t);
+  for (size_t i = 0; i < n; i++)
+    memcpy(buf + i * es, x->bytes[draw(seed, first + i, x->span)], es);
+}
+
+/* The first of n elements of buf (element `first` onwards of the call's
+ * draws) that is not as expected, or -1; *want and *tol are its. */
+static long check(const struct values *x, uint64_t seed, const char *buf, size_t first, size_t n, double *want,
+                  double *tol) {
+  size_t es = dtype_size(x->t);
+  for (size_t i = 0; i < n; i++) {
+    unsigned k = draw(seed, first + i, x->span);
+    if (memcmp(buf + i * es, x->bytes[k], es) == 0)
+      continue;
+    /* Another encoding may still be right (-0, or within a tolerance). */
+    if (fabs(dtype_load(x->t, buf, i) - x->v[k]) <= x->tol[k])
+      continue;
+    *want = x->v[k];
+    *tol = x->tol[k];
+    return (long)i;
+  }
+  return -1;
 }
 
 struct cfg {
@@ -228,8 +295,9 @@ static int run_one(ncclComm_t comm, const struct gpu *g, int rank, int n, int co
   /* Fill the input; the Prod inputs and the others differ. */
   int op = opi == OP_PREMUL ? -1 : opi;
   int gen_op = coll <= C_REDUCESCATTER ? op : ncclSum;
-  for (size_t i = 0; i < send_n; i++)
-    dtype_store(t, sendbuf, i, input(t, gen_op, seed, rank, i));
+  struct values mine;
+  values_input(&mine, t, gen_op, rank);
+  fill(&mine, seed, sendbuf, 0, send_n);
   if (!inplace)
     memset(recvbuf, 0xa5, recv_n * es);
   ncclRedOp_t rop = (ncclRedOp_t)(op < 0 ? ncclSum : op);
@@ -251,22 +319,25 @@ static int run_one(ncclComm_t comm, const struct gpu *g, int rank, int n, int co
   }
   if (coll == C_REDUCE && rank != root)
     return 0;
-  for (size_t i = 0; i < recv_n; i++) {
-    double want, tol = 0;
+  /* The expected values: per block of the source rank for AllGather,
+   * the root's for Broadcast, the reduction's for the others. */
+  struct values want;
+  size_t block = coll == C_ALLGATHER ? count : recv_n, first = coll == C_REDUCESCATTER ? (size_t)rank * count : 0;
+  for (size_t b = 0; b * block < recv_n; b++) {
     if (coll == C_ALLGATHER)
-      want = input(t, ncclSum, seed, (int)(i / count), i % count);
+      values_input(&want, t, ncclSum, (int)b);
     else if (coll == C_BROADCAST)
-      want = input(t, ncclSum, seed, root, i);
-    else if (opi == OP_PREMUL)
-      reference(t, -1, n, seed, coll == C_REDUCESCATTER ? (size_t)rank * count + i : i, 0, &want, &tol);
+      values_input(&want, t, ncclSum, root);
     else
-      reference(t, op, n, seed, coll == C_REDUCESCATTER ? (size_t)rank * count + i : i, avg_scalar, &want, &tol);
-    double got = dtype_load(t, recvbuf, i);
-    if (!(fabs(got - want) <= tol)) {
+      values_reduced(&want, t, op, n, avg_scalar);
+    double w = 0, tol = 0;
+    long bad = check(&want, seed, recvbuf + b * block * es, coll == C_ALLGATHER ? 0 : first, block, &w, &tol);
+    if (bad >= 0) {
+      size_t i = b * block + (size_t)bad;
       fprintf(stderr,
               "rank %d of %d: %s %s %s count %zu %s root %d: element %zu is %.9g, expected %.9g (tolerance %g)\n",
               rank, n, cname[coll], dtype_name(t), coll <= C_REDUCESCATTER ? opname[opi] : "-", count,
-              inplace ? "in-place" : "out-of-place", root, i, got, want, tol);
+              inplace ? "in-place" : "out-of-place", root, i, dtype_load(t, recvbuf, i), w, tol);
       return 1;
     }
   }
