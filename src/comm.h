@@ -161,6 +161,12 @@ void comm_set_error(struct ncclComm *comm, ncclResult_t res);
 ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
 void comm_leave(struct ncclComm *comm);
 
+/* Whether ncclCommAbort (or a failure) has raised abort_flag; waits on
+ * any thread read it through this, since another thread writes it. */
+static inline int comm_aborted(const struct ncclComm *comm) {
+  return __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
+}
+
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);
 /* Releases the works a communicator keeps for reuse (enqueue.c). */

@@ -455,7 +455,7 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
       CHECK(check_crossed(p, p->comm->ring_recv[c]));
     for (struct conn *c = p->comm->extra_conns; c; c = c->next_extra)
       CHECK(check_crossed(p, c));
-    if (__atomic_load_n(&p->comm->abort_flag, __ATOMIC_ACQUIRE)) /* ncclCommAbort on another thread */
+    if (comm_aborted(p->comm))
       return err_set(ncclInvalidUsage, "rank %d: the communicator was aborted during the operation", p->comm->rank);
     for (int l = 0; l < p->nlanes; l++) {
       struct work *w = p->lanes[l].head;

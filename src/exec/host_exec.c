@@ -284,12 +284,10 @@ int exec_waiting_on(const struct work *w, struct conn **out) {
 
 void exec_describe_wait(const struct work *w, char *buf, size_t len) {
   if (w->step >= w->sched.nsteps) {
-    /* The first send whose data has not left. Entries may be NULL: a
-     * tree's root has no parent to send to. */
-    const struct conn *c = NULL;
-    for (int i = 0; i < w->nsends && !c; i++)
-      if (w->sends[i] && !send_flushed(w->sends[i]))
-        c = w->sends[i];
+    /* The first send whose data has not left, else the first send (a
+     * tree's root has no parent: entries may be NULL). */
+    struct conn *pending[WORK_MAX_PEERS];
+    const struct conn *c = exec_waiting_on(w, pending) > 0 ? pending[0] : NULL;
     for (int i = 0; i < w->nsends && !c; i++)
       c = w->sends[i];
     snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", c ? c->peer : -1, w->sched.nsteps);

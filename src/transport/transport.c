@@ -162,8 +162,7 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
         err_context("rank %d: connecting to rank %d over %s", c->comm->rank, c->peer, c->tr->name);
         goto out;
       }
-      /* Set by ncclCommAbort on another thread. */
-      if (__atomic_load_n(&c->comm->abort_flag, __ATOMIC_ACQUIRE)) {
+      if (comm_aborted(c->comm)) {
         r = err_set(ncclInvalidUsage, "the communicator was aborted while connecting to rank %d", c->peer);
         goto out;
       }
@@ -222,11 +221,17 @@ void transport_free_conn(struct conn *c) {
   free(c);
 }
 
-ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
+/* Whether rank `peer` of this host has exited (its pidfd is readable);
+ * 0 where there is no pidfd (another host, or an old kernel). */
+static int peer_exited(const struct ncclComm *comm, int peer) {
   if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
-    return ncclSuccess;
+    return 0;
   struct pollfd p = {.fd = comm->peer_pidfd[peer], .events = POLLIN};
-  if (poll(&p, 1, 0) > 0)
+  return poll(&p, 1, 0) > 0;
+}
+
+ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
+  if (peer_exited(comm, peer))
     return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
                    comm->peers[peer].hostname);
   return ncclSuccess;
@@ -236,11 +241,8 @@ void transport_note_exited(struct ncclComm *comm, char *buf, size_t len) {
   size_t used = 0;
   if (len > 0)
     buf[0] = '\0';
-  for (int r = 0; comm->peer_pidfd && r < comm->nranks && used < len; r++) {
-    if (r == comm->rank || comm->peer_pidfd[r] < 0)
-      continue;
-    struct pollfd p = {.fd = comm->peer_pidfd[r], .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0)
+  for (int r = 0; r < comm->nranks && used < len; r++) {
+    if (r == comm->rank || !peer_exited(comm, r))
       continue;
     int k = snprintf(buf + used, len - used, "; rank %d (pid %d on %s) has exited", r, comm->peers[r].pid,
                      comm->peers[r].hostname);

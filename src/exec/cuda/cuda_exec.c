@@ -109,7 +109,7 @@ static void *proxy_main(void *arg) {
       if (cc->status->error == DEV_ERR_MISMATCH) {
         kernel_error(cc);
         reported = 1;
-      } else if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) { /* set by ncclCommAbort elsewhere */
+      } else if (comm_aborted(comm)) {
         cc->status->abort = 1;
       }
       /* Only a stalled kernel blames a peer: one that finished its part
