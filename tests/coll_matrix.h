@@ -9,4 +9,8 @@
  * `comm`; 0 on success, and *ncalls the number of calls checked. */
 int coll_matrix(ncclComm_t comm, int rank, int nranks, int *ncalls);
 
+/* A rank's whole run: init, the matrix, a check that the next rank is
+ * reached over `transport` ("net/ib"), destroy; 0 on success. */
+int coll_matrix_rank(int rank, int nranks, ncclUniqueId id, const char *transport, int *ncalls);
+
 #endif

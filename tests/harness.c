@@ -214,3 +214,36 @@ int harness_count_entries(const char *dir, const char *prefix) {
   closedir(d);
   return n - (strcmp(dir, "/proc/self/fd") == 0); /* opendir's own */
 }
+
+void harness_net_log(const char *tag, char *pattern, size_t len) {
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "NET", 1);
+  snprintf(pattern, len, "/tmp/loom-%s-%d-%%d.log", tag, (int)getpid());
+  char file[160];
+  snprintf(file, sizeof file, "/tmp/loom-%s-%d-%%p.log", tag, (int)getpid());
+  setenv("NCCL_DEBUG_FILE", file, 1);
+}
+
+#if LOOM_TEST_CUDA
+#include <cuda_runtime.h>
+
+int harness_cuda_devices(void) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0)
+    return 0;
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+      n = 0;
+    _exit(n > 100 ? 100 : n);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+#else
+int harness_cuda_devices(void) { return 0; }
+#endif

@@ -39,6 +39,16 @@ int harness_read_all(int fd, void *buf, size_t len);
  * are not counted. */
 int harness_count_entries(const char *dir, const char *prefix);
 
+/* How many CUDA devices a process sees (0 without CUDA or a driver),
+ * asked in a child process: a test process that initialised CUDA itself
+ * could not use it in the ranks it forks. */
+int harness_cuda_devices(void);
+
+/* Sends each rank's NET log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=NET) to a
+ * file of its own, /tmp/loom-<tag>-<test pid>-<rank pid>.log; `pattern`
+ * gets that path with %d for the rank's pid. */
+void harness_net_log(const char *tag, char *pattern, size_t len);
+
 /* Seconds since an arbitrary start, for measuring bounds. */
 double now_s(void);
 

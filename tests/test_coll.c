@@ -398,6 +398,19 @@ int coll_matrix(ncclComm_t comm, int rank, int n, int *ncalls) {
   return 0;
 }
 
+int coll_matrix_rank(int rank, int n, ncclUniqueId id, const char *transport, int *ncalls) {
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  if (coll_matrix(comm, rank, n, ncalls))
+    return 1;
+  const char *tr;
+  RCHECK(comm, loomCommPeerTransport(comm, (rank + 1) % n, &tr));
+  RASSERT(strcmp(tr, transport) == 0, "rank %d reaches rank %d over %s, expected %s", rank, (rank + 1) % n, tr,
+          transport);
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
 static int coll_rank(int rank, int n, ncclUniqueId id, void *arg) {
   struct cfg *cfg = arg;
   ncclComm_t comm;
@@ -453,6 +466,19 @@ TEST_IMPL(coll_socket_2) { return coll_test(2, 1); }
 TEST_IMPL(coll_socket_3) { return coll_test(3, 1); }
 TEST_IMPL(coll_socket_4) { return coll_test(4, 1); }
 TEST_IMPL(coll_socket_8) { return coll_test(8, 1); }
+/* Each slot as header and payload apart, the framing of GPUDirect RDMA
+ * connections: only rank 0 asks for it, and its peers follow on the
+ * connections they share with it. */
+static int split_on_rank0(int rank, void *arg) {
+  if (rank == 0)
+    setenv("LOOM_NET_SPLIT_SLOTS", "1", 1);
+  return 0;
+}
+
+TEST_IMPL(coll_socket_split_3) {
+  harness_set_rank_setup(split_on_rank0);
+  return coll_test(3, 1);
+}
 
 /* AllReduce with each algorithm forced (recursive doubling only where the
  * buffer fits a FIFO, rings above). */

@@ -100,6 +100,19 @@ TEST_IMPL(errors_env_gdr_level) {
   return INIT_REFUSES("NCCL_NET_GDR_LEVEL", "NEAR", ncclInvalidArgument, 0, "NCCL_NET_GDR_LEVEL=NEAR", "PHB");
 }
 
+/* A value NCCL would not take is refused at init, with the accepted ones. */
+TEST_IMPL(errors_env_gdr_read) {
+  if (INIT_REFUSES("NCCL_NET_GDR_READ", "2", ncclInvalidArgument, 1, "NCCL_NET_GDR_READ=2", "out of range", "-1",
+                   "sends read device memory"))
+    return 1;
+  return INIT_REFUSES("NCCL_NET_GDR_READ", "yes", ncclInvalidArgument, 1, "NCCL_NET_GDR_READ=yes", "integer");
+}
+
+TEST_IMPL(errors_env_gdr_level_number) {
+  setenv("NCCL_NET", "Socket", 1);
+  return INIT_REFUSES("NCCL_NET_GDR_LEVEL", "-1", ncclInvalidArgument, 0, "NCCL_NET_GDR_LEVEL=-1", "legacy numbers");
+}
+
 TEST_IMPL(errors_env_net_bogus) {
   return INIT_REFUSES("NCCL_NET", "Bogus", ncclInvalidArgument, 0, "NCCL_NET=Bogus", "Socket");
 }

@@ -631,9 +631,13 @@ static int vd_devices_rank(int rank, int sock, void *arg) {
   struct ibv_gid_entry ge;
   VCHECK(V.query_gid_ex(c0, 1, 2, &ge, 0, sizeof(ge)) == ENODATA, "a missing netdev gives no IP GIDs");
   struct ibv_pd *pd = V.alloc_pd(c0);
+  /* dma-buf as NCCL probes it: a bad fd is EBADF where dma-bufs are
+   * taken, EOPNOTSUPP on a NIC without (unit_net_gdr.c moves data). */
   errno = 0;
-  VCHECK(pd && V.reg_dmabuf_mr(pd, 0, 4096, 0, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
-         "no dma-buf");
+  VCHECK(pd && V.reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EBADF, "dma-buf");
+  setenv("LOOM_VERBS_DOUBLE_DMABUF", "0", 1);
+  VCHECK(V.reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP, "no dma-buf");
+  unsetenv("LOOM_VERBS_DOUBLE_DMABUF");
   VCHECK(V.dealloc_pd(pd) == 0, "dealloc_pd");
   V.close_device(c0);
   V.close_device(c1);

@@ -6,12 +6,16 @@
  * Each test is a process of its own, since the plugin scans devices once.
  */
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "test.h"
 #include "transport/net.h"
+#include "transport/net_gdr.h"
 #include "transport/net_ib.h"
 
 #if defined(LOOM_VERBS_DOUBLE_PATH) && LOOM_HAVE_IBVERBS_HEADERS
@@ -77,7 +81,10 @@ TEST_IMPL(unit_ib_devices) {
     ASSERT_OK(p->get_properties(i, &pr));
     ASSERT_MSG(strcmp(pr.name, names[i]) == 0 && pr.port == 1, "device %d is %s:%d", i, pr.name, pr.port);
     ASSERT_MSG(pr.speed_mbps == 100000, "%s: %d Mb/s", pr.name, pr.speed_mbps);
-    ASSERT(pr.ptr_support == NET_PTR_HOST);
+    /* Host memory, dma-bufs (the double takes them), device pointers only
+     * where nvidia-peermem is loaded. */
+    ASSERT_MSG(pr.ptr_support == (NET_PTR_HOST | NET_PTR_DMABUF | (gdr_peermem_loaded("") ? NET_PTR_CUDA : 0)),
+               "ptr_support 0x%x", pr.ptr_support);
   }
   /* RoCE ports choose the RoCE v2 GID of the socket interface's IPv4
    * address (index 3 in the double's mlx5-like table); IB ports none. */
@@ -264,6 +271,82 @@ TEST_IMPL(unit_ib_completion_error) {
   ASSERT_OK(p->close_recv(r));
   return 0;
 }
+/* A dma-buf as the NIC sees it: the receiver registers a memfd (standing
+ * in for device memory) at an iova that is no address of this process;
+ * the sender's RDMA write with immediate lands in the memory behind the
+ * fd, at the offset given, and reads back through the test's own mapping.
+ * Then the receive is flushed with a one-byte RDMA read over the loopback
+ * QP, unless NCCL_GDR_FLUSH_DISABLE or the receive was empty. */
+TEST_IMPL(unit_ib_dmabuf) {
+  use_double("mlx5_0:e,mlx5_1:i");
+  ASSERT_MSG(p->init() == ncclSuccess, "%s", err_thread_last());
+  ASSERT(p->reg_mr_dmabuf && p->iflush);
+  size_t cap = 1 << 20, off = 8192;
+  int fd = memfd_create("loom-dmabuf", MFD_CLOEXEC);
+  ASSERT(fd >= 0 && ftruncate(fd, (off_t)(cap + off)) == 0);
+  unsigned char *mem = mmap(NULL, cap + off, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT(mem != MAP_FAILED);
+  char *src = malloc(cap);
+  ASSERT(src);
+  char *iova = (char *)(uintptr_t)0x3ffe00000000ull;
+  for (int dev = 0; dev < 2; dev++) {
+    void *s, *r, *smh, *rmh;
+    pair(dev, &s, &r);
+    ASSERT_OK(p->reg_mr(s, src, cap, NET_PTR_HOST, &smh));
+    ASSERT_MSG(p->reg_mr_dmabuf(r, iova, cap, NET_PTR_CUDA, off, fd, &rmh) == ncclSuccess, "%s", err_thread_last());
+    size_t sizes[] = {1, 4096, 65537, 1 << 20};
+    for (int k = 0; k < 4; k++) {
+      size_t n = sizes[k], got = 0;
+      for (size_t i = 0; i < n; i++)
+        src[i] = (char)(i * 13 + (size_t)k + (size_t)dev);
+      memset(mem, 0x5a, cap + off);
+      ASSERT_MSG(transfer(s, r, smh, rmh, src, n, iova, cap, &got) == ncclSuccess, "%s", err_thread_last());
+      ASSERT_MSG(got == n && memcmp(mem + off, src, n) == 0, "%zu of %zu bytes arrived, or they differ", got, n);
+      ASSERT(mem[off - 1] == 0x5a && (n == cap || mem[off + n] == 0x5a));
+      void *req = NULL;
+      ASSERT_OK(p->iflush(r, iova, n, rmh, &req));
+      ASSERT(req != NULL);
+      int done = 0;
+      while (!done)
+        ASSERT_MSG(p->test(req, &done, NULL) == ncclSuccess, "%s", err_thread_last());
+    }
+    void *none = (void *)1;
+    ASSERT_OK(p->iflush(r, iova, 0, rmh, &none));
+    ASSERT(none == NULL);
+    setenv("NCCL_GDR_FLUSH_DISABLE", "1", 1);
+    none = (void *)1;
+    ASSERT_OK(p->iflush(r, iova, 100, rmh, &none));
+    ASSERT(none == NULL);
+    unsetenv("NCCL_GDR_FLUSH_DISABLE");
+    ASSERT_OK(p->dereg_mr(s, smh));
+    ASSERT_OK(p->dereg_mr(r, rmh));
+    ASSERT_OK(p->close_send(s));
+    ASSERT_OK(p->close_recv(r));
+  }
+  /* A range past the dma-buf's end is refused with the verbs' reason. */
+  void *s, *r, *mh = NULL;
+  pair(0, &s, &r);
+  ASSERT(p->reg_mr_dmabuf(r, iova, cap, NET_PTR_CUDA, off + 4096, fd, &mh) == ncclSystemError && mh == NULL);
+  ASSERT_MSG(strstr(err_thread_last(), "ibv_reg_dmabuf_mr of 1048576 bytes") &&
+                 strstr(err_thread_last(), "Invalid argument"), "%s", err_thread_last());
+  ASSERT_OK(p->close_send(s));
+  ASSERT_OK(p->close_recv(r));
+  munmap(mem, cap + off);
+  close(fd);
+  free(src);
+  return 0;
+}
+
+/* A NIC whose driver refuses dma-bufs: the plugin does not claim them. */
+TEST_IMPL(unit_ib_no_dmabuf) {
+  use_double("mlx5_0:e");
+  setenv("LOOM_VERBS_DOUBLE_DMABUF", "0", 1);
+  ASSERT_MSG(p->init() == ncclSuccess, "%s", err_thread_last());
+  struct net_props pr;
+  ASSERT_OK(p->get_properties(0, &pr));
+  ASSERT_MSG(!(pr.ptr_support & NET_PTR_DMABUF) && ib_devs[0].dmabuf == 0, "ptr_support 0x%x", pr.ptr_support);
+  return 0;
+}
 #else
 #define NO_DOUBLE(name) \
   TEST_IMPL(name) { SKIP("the verbs test double was not built (no infiniband/verbs.h)"); }
@@ -276,4 +359,6 @@ NO_DOUBLE(unit_ib_transfer)
 NO_DOUBLE(unit_ib_mr_cache)
 NO_DOUBLE(unit_ib_oversize)
 NO_DOUBLE(unit_ib_completion_error)
+NO_DOUBLE(unit_ib_dmabuf)
+NO_DOUBLE(unit_ib_no_dmabuf)
 #endif

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #if LOOM_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 __attribute__((format(printf, 2, 3))) static ncclResult_t fail(cudaError_t e, const char *fmt, ...) {
@@ -163,6 +164,83 @@ void cuda_ipc_close(void *ptr) {
     cudaIpcCloseMemHandle(ptr);
 }
 
+int cuda_gdr_supported(int dev) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+int cuda_compute_capability(int dev) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
+/* The driver API entries dma-buf needs, from the driver the runtime has
+ * loaded: the library never links libcuda itself. */
+typedef CUresult (*cu_device_get_fn)(CUdevice *dev, int ordinal);
+typedef CUresult (*cu_device_attr_fn)(int *v, CUdevice_attribute attr, CUdevice dev);
+typedef CUresult (*cu_range_handle_fn)(void *handle, CUdeviceptr ptr, size_t size, CUmemRangeHandleType type,
+                                       unsigned long long flags);
+
+static void *driver_entry(const char *sym) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion(sym, &fn, 12000, cudaEnableDefault, &q);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint(sym, &fn, cudaEnableDefault, &q);
+#endif
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  return fn;
+}
+
+int cuda_dmabuf_supported(int dev, char *why, size_t len) {
+  cu_device_get_fn get = (cu_device_get_fn)driver_entry("cuDeviceGet");
+  cu_device_attr_fn attr = (cu_device_attr_fn)driver_entry("cuDeviceGetAttribute");
+  if (!get || !attr || !driver_entry("cuMemGetHandleForAddressRange")) {
+    snprintf(why, len, "the CUDA driver has no cuMemGetHandleForAddressRange (a driver for CUDA 11.7 or later has)");
+    return 0;
+  }
+  CUdevice d;
+  int v = 0;
+  CUresult r = get(&d, dev);
+  if (r == CUDA_SUCCESS)
+    r = attr(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, len, "the CUDA driver cannot say whether GPU %d exports dma-bufs (error %d)", dev, (int)r);
+    return 0;
+  }
+  if (!v)
+    snprintf(why, len, "the CUDA driver does not export GPU %d's memory as dma-buf (it needs NVIDIA's open kernel "
+             "modules and Linux 5.12 or later)", dev);
+  return v;
+}
+
+ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd) {
+  cu_range_handle_fn fn = (cu_range_handle_fn)driver_entry("cuMemGetHandleForAddressRange");
+  if (!fn)
+    return err_set(ncclSystemError, "the CUDA driver has no cuMemGetHandleForAddressRange: device memory cannot be "
+                   "exported as a dma-buf");
+  int h = -1;
+  CUresult r = fn(&h, (CUdeviceptr)(uintptr_t)ptr, size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (r != CUDA_SUCCESS || h < 0)
+    return err_set(ncclUnhandledCudaError, "cuMemGetHandleForAddressRange of %zu bytes of device memory at %p as a "
+                   "dma-buf failed (CUDA driver error %d)", size, ptr, (int)r);
+  *fd = h;
+  return ncclSuccess;
+}
+
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
   struct cudaPointerAttributes a;
   cudaError_t e = cudaPointerGetAttributes(&a, ptr);
@@ -206,6 +284,13 @@ void cuda_host_free(void *host) {}
 ncclResult_t cuda_ipc_get(void *ptr, void *handle) { return none("cudaIpcGetMemHandle"); }
 ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what) { return none("cudaIpcOpenMemHandle"); }
 void cuda_ipc_close(void *ptr) {}
+int cuda_gdr_supported(int dev) { return 0; }
+int cuda_compute_capability(int dev) { return 0; }
+int cuda_dmabuf_supported(int dev, char *why, size_t len) {
+  snprintf(why, len, "this build of Loom has no CUDA");
+  return 0;
+}
+ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd) { return none("cuMemGetHandleForAddressRange"); }
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
   return none(func);
 }

@@ -48,6 +48,20 @@ ncclResult_t cuda_ipc_get(void *ptr, void *handle);
 ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what);
 void cuda_ipc_close(void *ptr);
 
+/* GPUDirect RDMA (src/transport/net_gdr.c). Whether the device lets a NIC
+ * reach its memory at all (cudaDevAttrGPUDirectRDMASupported). */
+int cuda_gdr_supported(int dev);
+/* Compute capability x 10 (90 for sm_90), 0 where unknown. */
+int cuda_compute_capability(int dev);
+/* Whether the driver exports the device's memory as a dma-buf
+ * (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, with cuMemGetHandleForAddressRange
+ * reached through cudaGetDriverEntryPoint, so that nothing links libcuda);
+ * if not, `why` says what is missing. */
+int cuda_dmabuf_supported(int dev, char *why, size_t len);
+/* A dma-buf file descriptor for [ptr, ptr+size) of device memory (both
+ * host-page aligned); the caller closes it once registered. */
+ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd);
+
 /* Whether `ptr` .. ptr+bytes is memory the current device can use in a
  * kernel (device, managed, or mapped host memory); the sentence if not. */
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name);

@@ -4,6 +4,18 @@
  * each slot the executor posts, irecv into each slot it frees). On host
  * communicators the executor thread drives this progress itself between
  * steps, so no proxy thread stands between the reduction and the wire.
+ *
+ * GPUDirect RDMA (net_gdr.c decides): on a CUDA communicator whose plugin
+ * and driver allow it, a side keeps its slots' payloads in device memory,
+ * which the NIC writes (receive) or reads (send, NCCL_NET_GDR_READ)
+ * directly, while the slot headers stay in host memory next to the
+ * counters: the proxy reads a header's byte count to send the slot and
+ * checks each received payload's size against its header, without
+ * touching device memory. Such a connection carries every slot as two
+ * messages, header then payload, whichever side is the GPU one; the sides
+ * tell each other in their connection info. Receives the NIC wrote into
+ * device memory are flushed (the plugin's iflush) before the tail tells
+ * the kernel.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -13,6 +25,7 @@
 #include "topology/discover.h"
 #include "topology/graph.h"
 #include "transport/net.h"
+#include "transport/net_gdr.h"
 #include "transport/transport.h"
 
 #include <ctype.h>
@@ -31,16 +44,41 @@ struct net_ctrl {
 };
 #define NET_DATA_OFFSET 4096
 
+/* What each side publishes: the receiver its plugin's listen handle, and
+ * both whether they want every slot to travel as two messages (their slots
+ * are in device memory, or LOOM_NET_SPLIT_SLOTS): then it does. */
+struct net_info {
+  char handle[NET_HANDLE_MAXSIZE];
+  uint32_t split;
+};
+_Static_assert(sizeof(struct net_info) <= CONN_INFO_BYTES, "net connection info too large");
+
+/* One slot's messages on the wire. */
+struct net_io {
+  void *req[2];   /* the whole slot, or its header then its payload */
+  void *flush;    /* receive: the flush of its payload, in flight */
+  int posted, done;
+  int checked;    /* receive: sizes checked, flush started */
+  size_t got[2];
+};
+
 struct net_priv {
   const struct net_plugin *p;
   int dev;
   void *listen_comm, *comm;
-  char *mem; /* net_ctrl, then the slots at NET_DATA_OFFSET */
+  char *mem; /* net_ctrl, then at NET_DATA_OFFSET the slots, or with GDR the headers */
   size_t mem_size;
   void *dev_mem;
-  void *mhandle;
+  void *mhandle;  /* mem's registration */
+  int gdr;        /* enum gdr_mode: the slots are in device memory */
+  int flush;      /* receive with GDR: flush each payload before the kernel reads it */
+  int split;      /* header and payload travel apart (either side asked) */
+  char *slots;    /* slot 0: in mem, or in dmem */
+  char *hdrs;     /* with GDR: the headers, in mem; else NULL (headers open each slot) */
+  struct gdr_mem dmem;
+  void *dmhandle; /* dmem's registration */
   uint64_t posted; /* send: slots handed to isend; recv: slots given to irecv */
-  void *reqs[NCCL_STEPS];
+  struct net_io io[NCCL_STEPS];
   /* A failed connection is reported only when the executor waits on it:
    * receives are posted ahead of need, and a peer that finished and left
    * ends the stream after its last message. */
@@ -76,26 +114,11 @@ static ncclResult_t plugin_usable(const struct net_plugin *p) {
   return ncclSuccess;
 }
 
-/* Scripts written for NCCL set it; refusing it would break them, obeying
- * it is not possible yet, so it is checked and the user told. */
-static ncclResult_t gdr_level_check(void) {
-  const char *v = param_str(P_NET_GDR_LEVEL);
-  if (v[0] == '\0')
-    return ncclSuccess;
-  static const char *const ok[] = {"LOC", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5"};
-  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-    if (strcasecmp(v, ok[i]) == 0) {
-      WARN("NCCL_NET_GDR_LEVEL=%s: Loom has no GPUDirect RDMA yet; device buffers cross the network through "
-           "pinned host memory",
-           v);
-      return ncclSuccess;
-    }
-  return err_set(ncclInvalidArgument, "NCCL_NET_GDR_LEVEL=%s: expected LOC, PIX, PXB, PHB, SYS or 0-5", v);
-}
-
 static void plugin_load(void) {
   const char *want = param_str(P_NET);
-  if ((plugin_status = gdr_level_check()) != ncclSuccess) {
+  /* A level that does not parse is refused before any plugin is used. */
+  int level;
+  if ((plugin_status = gdr_env_level(&level)) != ncclSuccess) {
     snprintf(plugin_error, sizeof plugin_error, "%s", err_thread_last());
     return;
   }
@@ -218,47 +241,64 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   c->priv = np;
   CHECK(net_get_plugin(&np->p));
   CHECK(device_for(c, np->p, &np->dev));
+  struct gdr_choice gdr;
+  CHECK(gdr_choose(c, np->p, np->dev, &gdr));
+  np->gdr = gdr.mode;
+  np->flush = gdr.flush;
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
   size_t stride = SLOT_HDR_BYTES + capacity;
-  np->mem_size = NET_DATA_OFFSET + NCCL_STEPS * stride;
+  np->mem_size = NET_DATA_OFFSET + NCCL_STEPS * (np->gdr ? SLOT_HDR_BYTES : stride);
   if (posix_memalign((void **)&np->mem, 4096, np->mem_size) != 0)
     return err_set(ncclSystemError, "out of memory for a %zu-byte network FIFO", np->mem_size);
-  memset(np->mem, 0, sizeof(struct net_ctrl));
+  memset(np->mem, 0, NET_DATA_OFFSET);
+  if (np->gdr) {
+    /* The payloads in device memory keep their place after a header's
+     * worth of unused bytes, so that kernels address slots as always. */
+    CHECK(gdr_mem_alloc(NCCL_STEPS * stride, &np->dmem));
+    np->slots = np->dmem.base;
+    np->hdrs = np->mem + NET_DATA_OFFSET;
+  } else {
+    np->slots = np->mem + NET_DATA_OFFSET;
+  }
   struct net_ctrl *ctrl = (struct net_ctrl *)np->mem;
-  c->fifo.base = np->mem + NET_DATA_OFFSET;
+  /* With GDR, base is device memory: only the kernels and the NIC touch
+   * it (host communicators, which read fifo slots, never use GDR). */
+  c->fifo.base = np->slots;
   c->fifo.capacity = capacity;
   c->fifo.stride = stride;
   c->fifo.tail = &ctrl->tail;
   c->fifo.head = &ctrl->head;
   if (!c->comm->is_host) {
-    /* Kernels write the slots the proxy thread sends, and read those it
-     * receives, in this pinned host memory. */
+    /* Kernels reach the counters, and the slots or headers, in this
+     * pinned host memory. */
     CHECK(cuda_host_register(np->mem, np->mem_size, &np->dev_mem, "a network FIFO"));
     char *d = np->dev_mem;
-    c->dev.base = d + NET_DATA_OFFSET;
+    c->dev.base = np->gdr ? np->slots : d + NET_DATA_OFFSET;
+    c->dev.hdrs = np->gdr ? d + NET_DATA_OFFSET : NULL;
     c->dev.tail = (uint64_t *)(d + offsetof(struct net_ctrl, tail));
     c->dev.head = (uint64_t *)(d + offsetof(struct net_ctrl, head));
   }
-  if (c->dir == CONN_SEND) {
-    *len = 0;
+  struct net_info *ni = info;
+  memset(ni, 0, sizeof *ni);
+  ni->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS);
+  *len = sizeof *ni;
+  if (c->dir == CONN_SEND)
     return ncclSuccess;
-  }
-  ncclResult_t r = np->p->listen(np->dev, info, &np->listen_comm);
-  if (r != ncclSuccess) {
+  ncclResult_t r = np->p->listen(np->dev, ni->handle, &np->listen_comm);
+  if (r != ncclSuccess)
     context(c);
-    return r;
-  }
-  *len = NET_HANDLE_MAXSIZE;
-  return ncclSuccess;
+  return r;
 }
 
 static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t len) {
   struct net_priv *np = c->priv;
+  const struct net_info *peer = peer_info;
+  if (len != sizeof *peer)
+    return err_set(ncclInternalError, "net connection info from rank %d has %zu bytes", c->peer, len);
+  np->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS) || peer->split != 0;
   ncclResult_t r;
   if (c->dir == CONN_SEND) {
-    if (len != NET_HANDLE_MAXSIZE)
-      return err_set(ncclInternalError, "net connection info from rank %d has %zu bytes", c->peer, len);
-    r = np->p->connect(np->dev, peer_info, &np->comm);
+    r = np->p->connect(np->dev, peer->handle, &np->comm);
   } else {
     r = np->p->accept(np->listen_comm, &np->comm);
     if (r == ncclSuccess) {
@@ -268,52 +308,133 @@ static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t le
   }
   if (r == ncclSuccess)
     r = np->p->reg_mr(np->comm, np->mem, np->mem_size, NET_PTR_HOST, &np->mhandle);
+  if (r == ncclSuccess && np->gdr)
+    r = gdr_mem_register(np->p, np->comm, np->gdr, &np->dmem, &np->dmhandle);
   if (r != ncclSuccess && r != ncclInProgress)
     context(c);
   return r;
 }
 
-static ncclResult_t send_progress(struct conn *c, struct net_priv *np) {
-  uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_acquire);
-  while (np->posted < tail) {
-    struct slot_hdr *h = fifo_hdr(&c->fifo, np->posted);
+static struct slot_hdr *hdr_of(const struct conn *c, const struct net_priv *np, uint64_t step) {
+  return (struct slot_hdr *)(np->hdrs ? np->hdrs + (step % NCCL_STEPS) * SLOT_HDR_BYTES
+                                      : np->slots + (step % NCCL_STEPS) * c->fifo.stride);
+}
+
+/* Message k of a slot on the wire: the whole slot, or (split) its header
+ * and then its payload; a send moves what the header announces, a receive
+ * offers room for the most a slot holds. */
+struct part {
+  void *data;
+  size_t size;
+  void *mhandle;
+};
+
+static struct part part_of(const struct conn *c, const struct net_priv *np, uint64_t step, int k) {
+  char *slot = np->slots + (step % NCCL_STEPS) * c->fifo.stride;
+  int send = c->dir == CONN_SEND;
+  uint32_t bytes = send ? hdr_of(c, np, step)->bytes : 0;
+  if (!np->split)
+    return (struct part){slot, send ? SLOT_HDR_BYTES + bytes : c->fifo.stride, np->mhandle};
+  if (k == 0)
+    return (struct part){hdr_of(c, np, step), SLOT_HDR_BYTES, np->mhandle};
+  return (struct part){slot + SLOT_HDR_BYTES, send ? bytes : c->fifo.capacity, np->gdr ? np->dmhandle : np->mhandle};
+}
+
+/* Hands the slot's messages to the plugin; 0 once all of them are. */
+static ncclResult_t post_slot(struct conn *c, struct net_priv *np, int *pending) {
+  struct net_io *io = &np->io[np->posted % NCCL_STEPS];
+  int nparts = np->split ? 2 : 1;
+  while (io->posted < nparts) {
+    struct part pt = part_of(c, np, np->posted, io->posted);
     void *req = NULL;
-    CHECK(np->p->isend(np->comm, h, SLOT_HDR_BYTES + h->bytes, np->mhandle, &req));
+    if (c->dir == CONN_SEND)
+      CHECK(np->p->isend(np->comm, pt.data, pt.size, pt.mhandle, &req));
+    else
+      CHECK(np->p->irecv(np->comm, pt.data, pt.size, pt.mhandle, &req));
     if (req == NULL)
       break;
-    np->reqs[np->posted % NCCL_STEPS] = req;
-    np->posted++;
+    io->req[io->posted++] = req;
+  }
+  *pending = io->posted < nparts;
+  return ncclSuccess;
+}
+
+/* Tests the slot's messages in order; *done once all completed. */
+static ncclResult_t test_slot(struct net_priv *np, struct net_io *io, int *done) {
+  int nparts = np->split ? 2 : 1;
+  *done = 0;
+  while (io->done < nparts) {
+    int d = 0;
+    CHECK(np->p->test(io->req[io->done], &d, &io->got[io->done]));
+    if (!d)
+      return ncclSuccess;
+    io->done++;
+  }
+  *done = 1;
+  return ncclSuccess;
+}
+
+static ncclResult_t send_progress(struct conn *c, struct net_priv *np) {
+  uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_acquire);
+  int pending = 0;
+  while (np->posted < tail && !pending) {
+    CHECK(post_slot(c, np, &pending));
+    if (!pending)
+      np->posted++;
   }
   uint64_t head = atomic_load_explicit(c->fifo.head, memory_order_relaxed);
   while (head < np->posted) {
+    struct net_io *io = &np->io[head % NCCL_STEPS];
     int done = 0;
-    CHECK(np->p->test(np->reqs[head % NCCL_STEPS], &done, NULL));
+    CHECK(test_slot(np, io, &done));
     if (!done)
       break;
+    memset(io, 0, sizeof *io);
     atomic_store_explicit(c->fifo.head, ++head, memory_order_release);
   }
   return ncclSuccess;
 }
 
+/* A received slot's sizes against what its header says, then its flush. */
+static ncclResult_t check_received(struct conn *c, struct net_priv *np, uint64_t step, struct net_io *io) {
+  const struct slot_hdr *h = hdr_of(c, np, step);
+  if (!np->split) {
+    size_t size = io->got[0];
+    if (size < SLOT_HDR_BYTES || size != SLOT_HDR_BYTES + h->bytes)
+      return err_set(ncclRemoteError, "received a malformed %zu-byte slot", size);
+  } else if (io->got[0] != SLOT_HDR_BYTES || io->got[1] != h->bytes || h->bytes > c->fifo.capacity) {
+    return err_set(ncclRemoteError, "received a malformed slot: a %zu-byte header and %zu bytes of payload where the "
+                   "header announces %u", io->got[0], io->got[1], h->bytes);
+  }
+  io->checked = 1;
+  if (np->flush && h->bytes > 0 && np->p->iflush)
+    CHECK(np->p->iflush(np->comm, part_of(c, np, step, 1).data, h->bytes, np->dmhandle, &io->flush));
+  return ncclSuccess;
+}
+
 static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
   uint64_t head = atomic_load_explicit(c->fifo.head, memory_order_acquire);
-  while (np->posted < head + NCCL_STEPS) {
-    void *req = NULL;
-    CHECK(np->p->irecv(np->comm, fifo_hdr(&c->fifo, np->posted), c->fifo.stride, np->mhandle, &req));
-    if (req == NULL)
-      break;
-    np->reqs[np->posted % NCCL_STEPS] = req;
-    np->posted++;
+  int pending = 0;
+  while (np->posted < head + NCCL_STEPS && !pending) {
+    CHECK(post_slot(c, np, &pending));
+    if (!pending)
+      np->posted++;
   }
   uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_relaxed);
   while (tail < np->posted) {
+    struct net_io *io = &np->io[tail % NCCL_STEPS];
     int done = 0;
-    size_t size = 0;
-    CHECK(np->p->test(np->reqs[tail % NCCL_STEPS], &done, &size));
+    CHECK(test_slot(np, io, &done));
     if (!done)
       break;
-    if (size < SLOT_HDR_BYTES || size != SLOT_HDR_BYTES + fifo_hdr(&c->fifo, tail)->bytes)
-      return err_set(ncclRemoteError, "received a malformed %zu-byte slot", size);
+    if (!io->checked)
+      CHECK(check_received(c, np, tail, io));
+    if (io->flush) {
+      CHECK(np->p->test(io->flush, &done, NULL));
+      if (!done)
+        break;
+    }
+    memset(io, 0, sizeof *io);
     atomic_store_explicit(c->fifo.tail, ++tail, memory_order_release);
   }
   return ncclSuccess;
@@ -358,9 +479,11 @@ static void net_poison(struct conn *c) {
     return;
   if (np->mhandle)
     np->p->dereg_mr(np->comm, np->mhandle);
+  if (np->dmhandle)
+    np->p->dereg_mr(np->comm, np->dmhandle);
   (c->dir == CONN_SEND ? np->p->close_send : np->p->close_recv)(np->comm);
   np->comm = NULL;
-  np->mhandle = NULL;
+  np->mhandle = np->dmhandle = NULL;
 }
 
 static void net_free(struct conn *c) {
@@ -372,6 +495,8 @@ static void net_free(struct conn *c) {
     np->p->close_listen(np->listen_comm);
   if (np->dev_mem)
     cuda_host_unregister(np->mem);
+  if (np->dmem.alloc)
+    gdr_mem_free(&np->dmem);
   free(np->mem);
   free(np);
   c->priv = NULL;

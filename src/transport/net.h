@@ -31,6 +31,7 @@ struct net_props {
   int port;
   int latency_us;
   int max_comms;
+  int force_flush;    /* receives into device memory need iflush on every GPU */
 };
 
 struct net_plugin {

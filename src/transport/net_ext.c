@@ -11,10 +11,13 @@
  * What the adapter does for Loom's net transport: one buffer per receive
  * (n = 1), tag 0 (a connection carries one ordered stream), connect and
  * accept return ncclInProgress while the plugin hands back a NULL comm,
- * sizes checked against what the version's types can carry. Loom never
- * asks for device offload (netDeviceType UNPACK, getDeviceMr,
- * irecvConsumed) or virtual NICs (makeVDevice): its net transport moves
- * host memory that a proxy or executor thread posts.
+ * sizes checked against what the version's types can carry. Device
+ * memory (GPUDirect RDMA, net_gdr.c) goes through the plugin's own
+ * regMr(NCCL_PTR_CUDA), regMrDmaBuf and iflush, which every supported
+ * version has, as its ptrSupport and forceFlush say. Loom never asks for
+ * device offload (netDeviceType UNPACK, getDeviceMr, irecvConsumed) or
+ * virtual NICs (makeVDevice): a proxy or executor thread posts every
+ * buffer.
  *
  * Only one external plugin is loaded per process (net.c chooses once), so
  * the adapter's state is static.
@@ -205,6 +208,7 @@ static ncclResult_t ext_get_properties(int dev, struct net_props *props) {
   props->port = q.port;
   props->latency_us = q.latency > 0 ? (int)(q.latency + 0.5f) : 0;
   props->max_comms = q.maxComms;
+  props->force_flush = q.forceFlush; /* 0 from v8, which predates it */
   return ncclSuccess;
 }
 

@@ -10,6 +10,7 @@
 #include "misc/socket.h"
 #include "misc/utils.h"
 #include "transport/net.h"
+#include "transport/net_gdr.h"
 #include "transport/net_ib.h"
 
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #if LOOM_HAVE_IBVERBS_HEADERS
 #include <arpa/inet.h>
+#include <errno.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -26,6 +28,7 @@
 const struct ib_verbs *ib_ibv;
 struct ib_dev ib_devs[IB_MAX_DEVS];
 int ib_ndevs = -1;
+int ib_peermem;
 static ncclResult_t init_status;
 static char init_error[LOOM_ERR_LEN];
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -144,6 +147,28 @@ static ncclResult_t choose_gid(struct ib_dev *d, int tbl_len) {
   return ncclSuccess;
 }
 
+/* As NCCL probes it: a registration of no fd fails with EOPNOTSUPP (or
+ * EPROTONOSUPPORT) where the kernel or the device's driver cannot take a
+ * dma-buf, and otherwise for the bad fd. */
+static int dmabuf_probe(struct ibv_pd *pd, const char **why) {
+  if (!ib_ibv->reg_dmabuf_mr) {
+    *why = "no dma-buf: the verbs library has no ibv_reg_dmabuf_mr (rdma-core 34 or later has it)";
+    return 0;
+  }
+  errno = 0;
+  struct ibv_mr *mr = ib_ibv->reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
+  if (mr) {
+    ib_ibv->dereg_mr(mr);
+    return 1;
+  }
+  if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT) {
+    *why = "no dma-buf: the kernel or the device's driver refuses it";
+    return 0;
+  }
+  *why = "dma-buf";
+  return 1;
+}
+
 static void find_pci_path(struct ib_dev *d) {
   char link[PATH_MAX];
   snprintf(link, sizeof link, "/sys/class/infiniband/%s/device", d->name);
@@ -211,8 +236,11 @@ static ncclResult_t add_hca(struct ibv_device *dev, const struct ib_hca_filter *
     }
     find_pci_path(d);
     pthread_mutex_init(&d->lock, NULL);
-    INFO(LOG_NET | LOG_INIT, "NET/IB: [%d] %s:%d %s, %d Mb/s%s", ib_ndevs, name, port,
-         pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", d->speed_mbps, "");
+    const char *dmabuf = "";
+    d->dmabuf = dmabuf_probe(pd, &dmabuf);
+    INFO(LOG_NET | LOG_INIT, "NET/IB: [%d] %s:%d %s, %d Mb/s, %s%s", ib_ndevs, name, port,
+         pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", d->speed_mbps, dmabuf,
+         ib_peermem ? ", nvidia-peermem" : "");
     ib_ndevs++;
     added++;
   }
@@ -231,6 +259,7 @@ static ncclResult_t devices_scan(void) {
   struct ib_hca_filter f;
   CHECK(ib_hca_parse(param_str(P_IB_HCA), &f));
   CHECK(ib_verbs_load(&ib_ibv));
+  ib_peermem = gdr_peermem_loaded("");
   int n = 0;
   struct ibv_device **list = ib_ibv->get_device_list(&n);
   if (!list)
@@ -329,9 +358,9 @@ static ncclResult_t ib_get_properties(int dev, struct net_props *props) {
   snprintf(props->name, sizeof props->name, "%s", d->name);
   snprintf(props->pci_path, sizeof props->pci_path, "%s", d->pci_path);
   props->guid = d->guid;
-  /* Device buffers are staged through host memory: GPUDirect RDMA is not
-   * implemented yet (net.c says so once per communicator). */
-  props->ptr_support = NET_PTR_HOST;
+  /* Device memory as NCCL takes it: by pointer where nvidia-peermem lets
+   * ibv_reg_mr pin it, as a dma-buf where the device takes one. */
+  props->ptr_support = NET_PTR_HOST | (ib_peermem ? NET_PTR_CUDA : 0) | (d->dmabuf ? NET_PTR_DMABUF : 0);
   props->speed_mbps = d->speed_mbps;
   props->port = d->port;
   props->latency_us = 2;
@@ -339,12 +368,38 @@ static ncclResult_t ib_get_properties(int dev, struct net_props *props) {
   return ncclSuccess;
 }
 
+/* Host memory, or device memory by pointer (nvidia-peermem pins it). */
 static ncclResult_t ib_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
-  if (type != NET_PTR_HOST)
-    return err_set(ncclInternalError, "IB plugin: only host memory can be registered (GPUDirect RDMA is not implemented)");
+  if (type != NET_PTR_HOST && type != NET_PTR_CUDA)
+    return err_set(ncclInternalError, "IB plugin: cannot register memory of type %d", type);
   struct ib_dev *d = ib_comm_dev(comm);
   struct ib_mr_entry *e;
   CHECK(ib_mr_get(d, data, size, &e));
+  *mhandle = e;
+  return ncclSuccess;
+}
+
+/* Device memory exported as a dma-buf, addressed by its device pointers
+ * (the iova). Such registrations are not cached: each is one FIFO's. */
+static ncclResult_t ib_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                                     void **mhandle) {
+  struct ib_dev *d = ib_comm_dev(comm);
+  if (!ib_ibv->reg_dmabuf_mr)
+    return err_set(ncclSystemError, "NET/IB: %s has no ibv_reg_dmabuf_mr (rdma-core 34 or later has it): device "
+                   "memory cannot be registered as a dma-buf", ib_ibv->path);
+  struct ib_mr_entry *e;
+  CHECK(UTIL_CALLOC(&e, 1, "an IB dma-buf registration"));
+  e->mr = ib_ibv->reg_dmabuf_mr(d->pd, offset, size, (uint64_t)(uintptr_t)data, fd,
+                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (!e->mr) {
+    int err = errno;
+    free(e);
+    return err_set(ncclSystemError, "NET/IB %s:%d: ibv_reg_dmabuf_mr of %zu bytes of device memory at %p (dma-buf fd "
+                   "%d) failed: %s", d->name, d->port, size, data, fd, strerror(err));
+  }
+  e->start = (uintptr_t)data;
+  e->end = (uintptr_t)data + size;
+  e->refs = 1;
   *mhandle = e;
   return ncclSuccess;
 }
@@ -366,10 +421,12 @@ const struct net_plugin net_ib_plugin = {
     .connect = ib_connect,
     .accept = ib_accept,
     .reg_mr = ib_reg_mr,
+    .reg_mr_dmabuf = ib_reg_mr_dmabuf,
     .dereg_mr = ib_dereg_mr,
     .isend = ib_isend,
     .irecv = ib_irecv,
     .test = ib_test,
+    .iflush = ib_iflush,
     .close_send = ib_close,
     .close_recv = ib_close,
     .close_listen = ib_close_listen,

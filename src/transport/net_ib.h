@@ -54,6 +54,7 @@ struct ib_dev {
   uint64_t guid;
   int max_qp_wr;
   char pci_path[256];
+  int dmabuf; /* ibv_reg_dmabuf_mr exists and this device's driver takes dma-bufs */
   pthread_mutex_t lock; /* the registration cache */
   struct ib_mr_entry *mrs;
 };
@@ -62,6 +63,8 @@ extern const struct ib_verbs *ib_ibv;
 /* The devices ib_devices_init found. */
 extern struct ib_dev ib_devs[];
 extern int ib_ndevs;
+/* nvidia-peermem is loaded: ibv_reg_mr takes device pointers. */
+extern int ib_peermem;
 
 ncclResult_t ib_devices_init(void);
 /* Registers [data, data+size) or finds a cached registration covering it. */
@@ -78,6 +81,10 @@ ncclResult_t ib_accept(void *listen_comm, void **recv_comm);
 ncclResult_t ib_isend(void *send_comm, void *data, size_t size, void *mhandle, void **request);
 ncclResult_t ib_irecv(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
 ncclResult_t ib_test(void *request, int *done, size_t *size);
+/* A one-byte RDMA read of `data` over a QP connected to itself, which
+ * makes the NIC's earlier writes to that device memory visible to the GPU
+ * (as NCCL does); no request where NCCL_GDR_FLUSH_DISABLE or size 0. */
+ncclResult_t ib_iflush(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
 ncclResult_t ib_close(void *comm);
 ncclResult_t ib_close_listen(void *listen_comm);
 #endif

@@ -11,7 +11,10 @@
  *    the data straight into the receiver's buffer with immediate, split
  *    across the QPs; the immediate carries the message size.
  * So data moves once, NIC to NIC, and the receiver's CPU only sees the
- * completion.
+ * completion. Where that data landed in device memory (GPUDirect RDMA),
+ * iflush reads one byte of it back over a QP connected to itself, as NCCL
+ * does: the read cannot complete before the NIC's earlier writes have
+ * reached the GPU.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -75,9 +78,11 @@ struct ib_listen {
 
 struct ib_comm;
 
+enum ib_req_kind { IB_REQ_RECV = 0, IB_REQ_SEND = 1, IB_REQ_FLUSH = 2 };
+
 struct ib_req {
   struct ib_comm *comm;
-  int used, is_send;
+  int used, kind; /* enum ib_req_kind */
   int pending; /* completions still to come, one per QP */
   size_t size;
 } __attribute__((aligned(8)));
@@ -101,6 +106,11 @@ struct ib_comm {
   struct ibv_qp *qp[IB_MAX_QPS];
   struct ib_cts *cts; /* send: the ring the peer writes; recv: what we write from */
   struct ibv_mr *cts_mr;
+  /* Receive side with GPUDirect RDMA: the loopback QP that flushes, made
+   * at the first iflush, and the host byte its reads land in. */
+  struct ibv_qp *flush_qp;
+  struct ibv_mr *flush_mr;
+  char flush_buf[64];
   /* Requests, oldest first, in [head, tail). */
   struct ib_req reqs[IB_MAX_REQS];
   uint64_t head, tail;
@@ -186,6 +196,33 @@ static ncclResult_t verbs_fail(struct ib_comm *c, const char *what) {
   return err_set(ncclSystemError, "NET/IB %s:%d: %s failed: %s", c->dev->name, c->dev->port, what, strerror(errno));
 }
 
+/* An RC QP on the comm's CQ, moved to INIT with `access` for peers. */
+static ncclResult_t qp_new(struct ib_comm *c, int depth, int access, struct ibv_qp **out) {
+  struct ib_dev *d = c->dev;
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = c->cq;
+  ia.recv_cq = c->cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = (uint32_t)depth;
+  ia.cap.max_recv_wr = (uint32_t)depth;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = ib_ibv->create_qp(d->pd, &ia);
+  if (!qp)
+    return verbs_fail(c, "ibv_create_qp");
+  *out = qp;
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = (uint8_t)d->port;
+  a.qp_access_flags = (unsigned)access;
+  if (ib_ibv->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    return verbs_fail(c, "moving a QP to INIT");
+  return ncclSuccess;
+}
+
 /* The CQ, the QPs in INIT, the CTS ring, and this side's ib_info. */
 static ncclResult_t create_qps(struct ib_comm *c) {
   struct ib_dev *d = c->dev;
@@ -197,26 +234,7 @@ static ncclResult_t create_qps(struct ib_comm *c) {
   if (!c->cq)
     return verbs_fail(c, "ibv_create_cq");
   for (int i = 0; i < c->nqps; i++) {
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof ia);
-    ia.send_cq = c->cq;
-    ia.recv_cq = c->cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = (uint32_t)depth;
-    ia.cap.max_recv_wr = (uint32_t)depth;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    c->qp[i] = ib_ibv->create_qp(d->pd, &ia);
-    if (!c->qp[i])
-      return verbs_fail(c, "ibv_create_qp");
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = (uint8_t)d->port;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (ib_ibv->modify_qp(c->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
-      return verbs_fail(c, "moving a QP to INIT");
+    CHECK(qp_new(c, depth, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &c->qp[i]));
     c->local.qpn[i] = c->qp[i]->qp_num;
   }
   size_t ring = IB_MAX_REQS * sizeof(struct ib_cts);
@@ -239,6 +257,46 @@ static ncclResult_t create_qps(struct ib_comm *c) {
   return ncclSuccess;
 }
 
+/* INIT -> RTR -> RTS towards QP `qpn` at the address `r` describes. */
+static ncclResult_t qp_ready(struct ib_comm *c, struct ibv_qp *qp, const struct ib_info *r, uint32_t qpn) {
+  struct ib_dev *d = c->dev;
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = (enum ibv_mtu)LOOM_MIN((int)d->mtu, (int)r->mtu);
+  a.dest_qp_num = qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = (uint8_t)d->port;
+  a.ah_attr.sl = (uint8_t)param_int(P_IB_SL);
+  if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, r->gid, sizeof r->gid);
+    a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+    a.ah_attr.grh.hop_limit = 255;
+    a.ah_attr.grh.traffic_class = (uint8_t)param_int(P_IB_TC);
+  } else {
+    a.ah_attr.dlid = r->lid;
+  }
+  if (ib_ibv->modify_qp(qp, &a,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+    return verbs_fail(c, "moving a QP to RTR");
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = (uint8_t)param_int(P_IB_TIMEOUT);
+  a.retry_cnt = (uint8_t)param_int(P_IB_RETRY_CNT);
+  a.rnr_retry = 7; /* forever: a receiver that is late is not an error */
+  a.sq_psn = 0;
+  a.max_rd_atomic = 1;
+  if (ib_ibv->modify_qp(qp, &a,
+                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                            IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+    return verbs_fail(c, "moving a QP to RTS");
+  return ncclSuccess;
+}
+
 /* INIT -> RTR -> RTS towards the peer's QPs. */
 static ncclResult_t connect_qps(struct ib_comm *c) {
   struct ib_dev *d = c->dev;
@@ -250,42 +308,8 @@ static ncclResult_t connect_qps(struct ib_comm *c) {
     return err_set(ncclInvalidUsage, "NET/IB: %s:%d is %s and the peer's %s at %s is %s: they cannot connect",
                    d->name, d->port, d->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", r->dev,
                    c->where, r->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
-  for (int i = 0; i < c->nqps; i++) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = (enum ibv_mtu)LOOM_MIN((int)d->mtu, (int)r->mtu);
-    a.dest_qp_num = r->qpn[i];
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.port_num = (uint8_t)d->port;
-    a.ah_attr.sl = (uint8_t)param_int(P_IB_SL);
-    if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
-      a.ah_attr.is_global = 1;
-      memcpy(a.ah_attr.grh.dgid.raw, r->gid, sizeof r->gid);
-      a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
-      a.ah_attr.grh.hop_limit = 255;
-      a.ah_attr.grh.traffic_class = (uint8_t)param_int(P_IB_TC);
-    } else {
-      a.ah_attr.dlid = r->lid;
-    }
-    if (ib_ibv->modify_qp(c->qp[i], &a,
-                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
-      return verbs_fail(c, "moving a QP to RTR");
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = (uint8_t)param_int(P_IB_TIMEOUT);
-    a.retry_cnt = (uint8_t)param_int(P_IB_RETRY_CNT);
-    a.rnr_retry = 7; /* forever: a receiver that is late is not an error */
-    a.sq_psn = 0;
-    a.max_rd_atomic = 1;
-    if (ib_ibv->modify_qp(c->qp[i], &a,
-                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                              IBV_QP_MAX_QP_RD_ATOMIC) != 0)
-      return verbs_fail(c, "moving a QP to RTS");
-  }
+  for (int i = 0; i < c->nqps; i++)
+    CHECK(qp_ready(c, c->qp[i], r, r->qpn[i]));
   return ncclSuccess;
 }
 
@@ -414,13 +438,13 @@ ncclResult_t ib_accept(void *listen_comm, void **recv_comm) {
   return ncclSuccess;
 }
 
-static struct ib_req *req_new(struct ib_comm *c, int is_send, size_t size) {
+static struct ib_req *req_new(struct ib_comm *c, int kind, size_t size) {
   if (c->tail - c->head >= IB_MAX_REQS)
     return NULL;
   struct ib_req *r = &c->reqs[c->tail % IB_MAX_REQS];
   r->comm = c;
   r->used = 1;
-  r->is_send = is_send;
+  r->kind = kind;
   r->pending = c->nqps;
   r->size = size;
   c->tail++;
@@ -443,7 +467,7 @@ ncclResult_t ib_isend(void *send_comm, void *data, size_t size, void *mhandle, v
   if (size > slot->size)
     return comm_fail(c, err_set(ncclInvalidUsage, "NET/IB: a message of %zu bytes for a %u-byte receive buffer at %s",
                                 size, slot->size, c->where));
-  struct ib_req *r = req_new(c, 1, size);
+  struct ib_req *r = req_new(c, IB_REQ_SEND, size);
   struct ibv_mr *mr = ((struct ib_mr_entry *)mhandle)->mr;
   size_t chunk = (size + (size_t)c->nqps - 1) / (size_t)c->nqps;
   for (int i = 0; i < c->nqps; i++) {
@@ -475,7 +499,7 @@ ncclResult_t ib_irecv(void *recv_comm, void *data, size_t size, void *mhandle, v
     return err_set(c->failed, "%s", c->why);
   if (size > UINT32_MAX)
     return err_set(ncclInternalError, "NET/IB: a %zu-byte receive is larger than an immediate can describe", size);
-  struct ib_req *r = req_new(c, 0, size);
+  struct ib_req *r = req_new(c, IB_REQ_RECV, size);
   if (!r)
     return ncclSuccess;
   for (int i = 0; i < c->nqps; i++) {
@@ -510,9 +534,16 @@ ncclResult_t ib_irecv(void *recv_comm, void *data, size_t size, void *mhandle, v
 }
 
 static ncclResult_t wc_failed(struct ib_comm *c, const struct ibv_wc *wc) {
-  const char *what = wc->wr_id == IB_WR_CTS ? "a clear-to-send RDMA write"
-                     : ((struct ib_req *)(uintptr_t)wc->wr_id)->is_send ? "an RDMA write of data"
-                                                                         : "a receive";
+  int kind = wc->wr_id == IB_WR_CTS ? -1 : ((struct ib_req *)(uintptr_t)wc->wr_id)->kind;
+  if (kind == IB_REQ_FLUSH)
+    return comm_fail(c, err_set(ncclSystemError,
+                                "NET/IB %s:%d: the flush of data received from %s (%s) into device memory, a one-byte "
+                                "RDMA read over a loopback QP, failed: %s (completion status %d, vendor error 0x%x, "
+                                "QP 0x%x)",
+                                c->dev->name, c->dev->port, c->where, c->remote.dev,
+                                ib_ibv->wc_status_str(wc->status), (int)wc->status, wc->vendor_err, wc->qp_num));
+  const char *what = kind < 0 ? "a clear-to-send RDMA write" : kind == IB_REQ_SEND ? "an RDMA write of data"
+                                                                                   : "a receive";
   return comm_fail(c, err_set(ncclRemoteError,
                               "NET/IB %s:%d: %s to %s (%s) failed: %s (completion status %d, vendor error 0x%x, "
                               "QP 0x%x)",
@@ -540,7 +571,7 @@ static ncclResult_t poll_cq(struct ib_comm *c) {
       if (have_bad || wc[i].wr_id == IB_WR_CTS)
         continue;
       struct ib_req *r = (struct ib_req *)(uintptr_t)wc[i].wr_id;
-      if (!r->is_send) {
+      if (r->kind == IB_REQ_RECV) {
         size_t got = ntohl(wc[i].imm_data);
         if (got > r->size)
           return comm_fail(c, err_set(ncclRemoteError, "NET/IB: %s said it wrote %zu bytes into a %zu-byte buffer",
@@ -590,10 +621,59 @@ ncclResult_t ib_test(void *request, int *done, size_t *size) {
   return ncclSuccess;
 }
 
+/* The loopback QP: connected to itself, at this port's own address. */
+static ncclResult_t flush_open(struct ib_comm *c) {
+  CHECK(qp_new(c, IB_MAX_REQS, IBV_ACCESS_REMOTE_READ, &c->flush_qp));
+  CHECK(qp_ready(c, c->flush_qp, &c->local, c->flush_qp->qp_num));
+  c->flush_mr = ib_ibv->reg_mr(c->dev->pd, c->flush_buf, sizeof c->flush_buf, IBV_ACCESS_LOCAL_WRITE);
+  if (!c->flush_mr)
+    return verbs_fail(c, "ibv_reg_mr of the flush buffer");
+  return ncclSuccess;
+}
+
+ncclResult_t ib_iflush(void *recv_comm, void *data, size_t size, void *mhandle, void **request) {
+  struct ib_comm *c = recv_comm;
+  *request = NULL;
+  if (c->failed)
+    return err_set(c->failed, "%s", c->why);
+  /* As NCCL: NCCL_GDR_FLUSH_DISABLE leaves the data's visibility to the
+   * hardware, and an empty receive wrote nothing to flush. */
+  if (size == 0 || param_int(P_GDR_FLUSH_DISABLE))
+    return ncclSuccess;
+  if (!c->flush_qp) {
+    ncclResult_t res = flush_open(c);
+    if (res != ncclSuccess)
+      return comm_fail(c, res);
+  }
+  struct ib_req *r = req_new(c, IB_REQ_FLUSH, 0);
+  if (!r)
+    return err_set(ncclInternalError, "NET/IB: no request left for a flush (%d in flight)", IB_MAX_REQS);
+  r->pending = 1;
+  struct ibv_sge sge = {.addr = (uintptr_t)c->flush_buf, .length = 1, .lkey = c->flush_mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = (uintptr_t)r;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uintptr_t)data;
+  wr.wr.rdma.rkey = ((struct ib_mr_entry *)mhandle)->mr->rkey;
+  int rc = ibv_post_send(c->flush_qp, &wr, &bad);
+  if (rc != 0)
+    return post_failed(c, "a flush (RDMA read)", rc);
+  *request = r;
+  return ncclSuccess;
+}
+
 ncclResult_t ib_close(void *comm) {
   struct ib_comm *c = comm;
   if (!c)
     return ncclSuccess;
+  if (c->flush_qp)
+    ib_ibv->destroy_qp(c->flush_qp);
+  if (c->flush_mr)
+    ib_ibv->dereg_mr(c->flush_mr);
   for (int i = 0; i < c->nqps; i++)
     if (c->qp[i])
       ib_ibv->destroy_qp(c->qp[i]);

@@ -104,9 +104,14 @@ struct conn {
                          the payloads posted by reference may change */
   void *priv;        /* the transport's own state */
   /* The same FIFO as a GPU sees it, on CUDA communicators: where kernels
-   * read and write slots and counters (device or mapped host addresses). */
+   * read and write slots and counters (device or mapped host addresses).
+   * hdrs: the slots' headers in mapped host memory, apart from the slots
+   * (net with GPUDirect RDMA, where the slots are device memory and the
+   * proxy reads and checks the headers); NULL where each slot starts with
+   * its header. */
   struct {
     char *base;
+    char *hdrs;
     uint64_t *tail, *head;
   } dev;
   int proxied;       /* a CUDA communicator's proxy thread drives it */

@@ -25,6 +25,11 @@ nvidia-smi -L >"$out/gpu.txt" 2>&1 || true
 cat "$out/gpu.txt"
 step configure cmake -S . -B $build -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_ARCHS=90
 step build cmake --build $build -j"$jobs"
+# The gpu_net_gdr_* tests run GPUDirect RDMA through the verbs test double,
+# built only where infiniband/verbs.h is; say what they will find.
+{ ls $build/tests/libloom-verbs-double.so || echo "no verbs test double (no infiniband/verbs.h): gpu_net_gdr_* skip"
+  ls -d /sys/module/nvidia_peermem 2>/dev/null || echo "nvidia-peermem is not loaded: GDR needs dma-buf export"
+} 2>&1 | tee -a "$out/summary.txt"
 # What discovery (NVML, sysfs) sees on the GPU machine, and its dump.
 step loom_info $build/tools/loom-info --ranks 2 --dump "$out/topo.xml"
 step gpu_tests ctest --test-dir $build -R '^gpu_' --output-on-failure --timeout 400

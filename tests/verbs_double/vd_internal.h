@@ -106,12 +106,30 @@ void vd_fail_config(long *nth, int *status);
 
 /* ---- protection domains and memory (vd_mem.c) ---- */
 
+/* What memory an MR stands for. Host memory (ibv_reg_mr, or a dma-buf the
+ * double can map, such as a memfd) is reached with process_vm_writev and
+ * readv; CUDA device memory (ibv_reg_mr of a device pointer, as with
+ * nvidia-peermem, or a dma-buf over device memory at its iova) through
+ * the CUDA driver of the process that moves the bytes (vd_cuda.c). */
+enum vd_mem_kind { VD_MEM_HOST = 0, VD_MEM_CUDA = 1 };
+
+#define VD_CUDA_IPC_BYTES 64
+#define VD_CUDA_BUSID_BYTES 16
+
+struct vd_mem {
+  uint32_t kind;       /* enum vd_mem_kind */
+  uint64_t cuda_base;  /* CUDA: the allocation's base in the owner process */
+  unsigned char ipc[VD_CUDA_IPC_BYTES]; /* CUDA: the allocation's IPC handle */
+  char busid[VD_CUDA_BUSID_BYTES];      /* CUDA: the owner's GPU */
+};
+
 struct vd_mr_slot {
   _Atomic uint32_t key; /* 0: free */
   _Atomic uint32_t access;
   _Atomic uint64_t iova;
   _Atomic uint64_t length;
   _Atomic uint64_t vaddr;
+  struct vd_mem mem; /* written before the key, read between two key checks */
 };
 
 struct vd_pd_shm {
@@ -136,12 +154,30 @@ struct vd_mr {
   struct ibv_mr mr; /* first */
   struct vd_pd *pd;
   uint32_t slot;
+  void *map; /* a dma-buf the double mapped, unmapped with the MR */
+  size_t map_len;
 };
 
 /* Checks [addr, addr+len) of the MR keyed `key` in `t` for `access`
- * (0: any) and gives the process address it stands for; 0 or -1. */
+ * (0: any) and gives the owner's address it stands for and, where `mem`
+ * is not NULL, what memory that is; 0 or -1. */
 int vd_mr_lookup(struct vd_pd_shm *t, uint32_t key, uint64_t addr, uint64_t len,
-                 uint32_t access, uint64_t *vaddr);
+                 uint32_t access, uint64_t *vaddr, struct vd_mem *mem);
+
+/* ---- CUDA device memory (vd_cuda.c), through libcuda.so.1 loaded with
+ * dlopen: a process that never loaded it has no device memory. ---- */
+
+/* 1 if [addr, addr+len) is device memory of this process (m filled), 0 if
+ * not, -1 with errno on a CUDA failure. */
+int vd_cuda_describe(uint64_t addr, uint64_t len, struct vd_mem *m);
+/* The address in this process, and its device, of the owner's device
+ * address `addr` in the MR memory `m` of process `owner` (opened through
+ * CUDA IPC once per allocation); 0, or a CUDA error code. */
+int vd_cuda_resolve(pid_t owner, const struct vd_mem *m, uint64_t addr, uint64_t *local, int *dev);
+/* Copies n bytes to or from device memory `dev` reaches, with host memory
+ * of this process on the other end, on a stream of its own that waits for
+ * no kernel; 0, or a CUDA error code. */
+int vd_cuda_copy(int dev, uint64_t dst, uint64_t src, uint64_t n);
 /* Whether [addr, addr+len) of this process is all mapped. */
 int vd_range_mapped(uint64_t addr, uint64_t len);
 

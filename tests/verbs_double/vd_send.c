@@ -6,7 +6,9 @@
  * post_send and poll_cq calls once the responder's RNR timer has passed).
  * Bytes move with process_vm_writev/readv straight into or out of the
  * peer's registered memory; the peer's CPU takes no part, and its receive
- * completion is pushed after the data is in place.
+ * completion is pushed after the data is in place. Where either end is
+ * CUDA device memory (vd_cuda.c), bytes go through a bounce buffer of this
+ * process, copied to and from the device by its CUDA driver.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <errno.h>
@@ -235,6 +237,107 @@ static int vd_move_status(int err, const struct iovec *l, int nl) {
   }
 }
 
+/* Where an MR's bytes at owner address `va` are for this process: the
+ * address itself (host memory of `owner`, *dev -1) or a device pointer
+ * valid here and its device. 0, or the status of a failure. */
+static int vd_reach(pid_t owner, int local, uint64_t va, const struct vd_mem *m, void **addr, int *dev) {
+  *dev = -1;
+  *addr = (void *)(uintptr_t)va;
+  if (m->kind != VD_MEM_CUDA)
+    return IBV_WC_SUCCESS;
+  uint64_t here;
+  int r = vd_cuda_resolve(owner, m, va, &here, dev);
+  if (r) {
+    vd_log("device memory of pid %d on GPU %s is out of reach here: CUDA driver error %d", (int)owner, m->busid, r);
+    return local ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR;
+  }
+  *addr = (void *)(uintptr_t)here;
+  return IBV_WC_SUCCESS;
+}
+
+/* One end of a transfer: segments of host memory of `pid`, or of device
+ * memory reachable here (dev[i] >= 0). */
+struct vd_span {
+  struct iovec *v;
+  const int *dev;
+  int n;
+  pid_t pid;
+  int local; /* this process's own SGEs: a fault there is a local one */
+};
+
+/* n bytes at `off` of segment i to (into_buf) or from the bounce buffer. */
+static int vd_span_io(const struct vd_span *s, int i, size_t off, char *buf, size_t n, int into_buf) {
+  char *a = (char *)s->v[i].iov_base + off;
+  if (s->dev[i] >= 0) {
+    int r = into_buf ? vd_cuda_copy(s->dev[i], (uintptr_t)buf, (uintptr_t)a, n)
+                     : vd_cuda_copy(s->dev[i], (uintptr_t)a, (uintptr_t)buf, n);
+    if (r == 0)
+      return IBV_WC_SUCCESS;
+    vd_log("a copy of %zu bytes %s device memory at %p failed: CUDA driver error %d", n, into_buf ? "from" : "to",
+           (void *)a, r);
+    return s->local ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR;
+  }
+  struct iovec lv = {buf, n}, rv = {a, n};
+  int err = vd_move(s->pid, !into_buf, &lv, 1, &rv, 1);
+  if (err == 0)
+    return IBV_WC_SUCCESS;
+  return s->local ? IBV_WC_LOC_PROT_ERR : vd_move_status(err, NULL, 0);
+}
+
+/* n bytes between the bounce buffer and `s` from segment *i, offset *off
+ * on, which it moves past them. */
+static int vd_span_pass(const struct vd_span *s, int *i, size_t *off, char *buf, size_t n, int into_buf) {
+  int st = IBV_WC_SUCCESS;
+  for (size_t done = 0; done < n && st == IBV_WC_SUCCESS && *i < s->n;) {
+    size_t k = s->v[*i].iov_len - *off < n - done ? s->v[*i].iov_len - *off : n - done;
+    st = vd_span_io(s, *i, *off, buf + done, k, into_buf);
+    done += k;
+    if ((*off += k) == s->v[*i].iov_len) {
+      (*i)++;
+      *off = 0;
+    }
+  }
+  return st;
+}
+
+/* Moves all of `src` into `dst` through a bounce buffer, a piece at a
+ * time: one end at least is device memory. */
+static int vd_xfer(const struct vd_span *src, const struct vd_span *dst) {
+  size_t total = 0;
+  for (int i = 0; i < src->n; i++)
+    total += src->v[i].iov_len;
+  size_t cap = total < (1u << 20) ? total : (1u << 20);
+  char *buf = malloc(cap ? cap : 1);
+  if (!buf)
+    return IBV_WC_GENERAL_ERR;
+  int si = 0, di = 0, st = IBV_WC_SUCCESS;
+  size_t so = 0, dof = 0;
+  while (total && st == IBV_WC_SUCCESS) {
+    size_t n = total < cap ? total : cap;
+    st = vd_span_pass(src, &si, &so, buf, n, 1);
+    if (st == IBV_WC_SUCCESS)
+      st = vd_span_pass(dst, &di, &dof, buf, n, 0);
+    total -= n;
+  }
+  free(buf);
+  return st;
+}
+
+/* The WR's bytes between its local segments and the remote ones, in the
+ * direction `write` says; a completion status. */
+static int vd_transfer(pid_t pid, int write, struct iovec *l, const int *ldev, int nl, struct iovec *r,
+                       const int *rdev, int nr) {
+  int dev = 0;
+  for (int i = 0; i < nl; i++)
+    dev |= ldev[i] >= 0;
+  for (int i = 0; i < nr; i++)
+    dev |= rdev[i] >= 0;
+  if (!dev)
+    return vd_move_status(vd_move(pid, write, l, nl, r, nr), l, nl);
+  struct vd_span ls = {l, ldev, nl, getpid(), 1}, rs = {r, rdev, nr, pid, 0};
+  return write ? vd_xfer(&ls, &rs) : vd_xfer(&rs, &ls);
+}
+
 /* The responder saw a fault it owns: its QP goes to the error state and
  * its owner gets the async event on its next poll of the receive CQ. */
 static void vd_responder_err(struct vd_peer *p, enum ibv_event_type ev) {
@@ -271,7 +374,7 @@ static void vd_recv_complete(struct vd_qp *q, struct vd_peer *p, const struct vd
 
 /* With the responder's QP locked. */
 static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd_peer *p,
-                             struct iovec *l, int nl) {
+                             struct iovec *l, const int *ldev, int nl) {
   struct vd_qp_shm *r = p->qp;
   uint32_t rs = atomic_load(&r->state);
   /* A responder still on its way to RTR drops the packets and the
@@ -289,6 +392,8 @@ static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd
   uint64_t va;
   int st;
   struct iovec riov[VD_MAX_SGE];
+  int rdev[VD_MAX_SGE];
+  struct vd_mem m;
   switch (w->opcode) {
   case IBV_WR_RDMA_WRITE:
   case IBV_WR_RDMA_WRITE_WITH_IMM: {
@@ -298,12 +403,13 @@ static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd
     /* A zero-length write checks no rkey, as in the IB spec. */
     if (w->length) {
       if (!(r->access & IBV_ACCESS_REMOTE_WRITE) ||
-          vd_mr_lookup(p->pd, w->rkey, w->remote_addr, w->length, IBV_ACCESS_REMOTE_WRITE, &va)) {
+          vd_mr_lookup(p->pd, w->rkey, w->remote_addr, w->length, IBV_ACCESS_REMOTE_WRITE, &va, &m)) {
         vd_responder_err(p, IBV_EVENT_QP_ACCESS_ERR);
         return IBV_WC_REM_ACCESS_ERR;
       }
-      riov[0] = (struct iovec){(void *)(uintptr_t)va, w->length};
-      if ((st = vd_move_status(vd_move(p->pid, 1, l, nl, riov, 1), l, nl)) != IBV_WC_SUCCESS)
+      riov[0].iov_len = w->length;
+      if ((st = vd_reach(p->pid, 0, va, &m, &riov[0].iov_base, &rdev[0])) != IBV_WC_SUCCESS ||
+          (st = vd_transfer(p->pid, 1, l, ldev, nl, riov, rdev, 1)) != IBV_WC_SUCCESS)
         return st;
     }
     if (imm)
@@ -320,14 +426,17 @@ static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd
     int nr = 0;
     for (uint32_t i = 0; i < rw->num_sge; i++) {
       const struct ibv_sge *g = &rw->sge[i];
-      if (vd_mr_lookup(p->pd, g->lkey, g->addr, g->length, IBV_ACCESS_LOCAL_WRITE, &va)) {
+      if (vd_mr_lookup(p->pd, g->lkey, g->addr, g->length, IBV_ACCESS_LOCAL_WRITE, &va, &m)) {
         vd_recv_complete(q, p, w, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV);
         return IBV_WC_REM_OP_ERR;
       }
       room += g->length;
       uint64_t k = left < g->length ? left : g->length;
       if (k) {
-        riov[nr++] = (struct iovec){(void *)(uintptr_t)va, k};
+        riov[nr].iov_len = k;
+        if ((st = vd_reach(p->pid, 0, va, &m, &riov[nr].iov_base, &rdev[nr])) != IBV_WC_SUCCESS)
+          return st;
+        nr++;
         left -= k;
       }
     }
@@ -335,7 +444,7 @@ static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd
       vd_recv_complete(q, p, w, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV);
       return IBV_WC_REM_INV_REQ_ERR;
     }
-    if ((st = vd_move_status(vd_move(p->pid, 1, l, nl, riov, nr), l, nl)) != IBV_WC_SUCCESS)
+    if ((st = vd_transfer(p->pid, 1, l, ldev, nl, riov, rdev, nr)) != IBV_WC_SUCCESS)
       return st;
     vd_recv_complete(q, p, w, IBV_WC_SUCCESS, IBV_WC_RECV);
     break;
@@ -345,12 +454,13 @@ static int vd_execute_locked(struct vd_qp *q, const struct vd_swqe *w, struct vd
       return IBV_WC_REM_INV_REQ_ERR;
     if (w->length) {
       if (!(r->access & IBV_ACCESS_REMOTE_READ) ||
-          vd_mr_lookup(p->pd, w->rkey, w->remote_addr, w->length, IBV_ACCESS_REMOTE_READ, &va)) {
+          vd_mr_lookup(p->pd, w->rkey, w->remote_addr, w->length, IBV_ACCESS_REMOTE_READ, &va, &m)) {
         vd_responder_err(p, IBV_EVENT_QP_ACCESS_ERR);
         return IBV_WC_REM_ACCESS_ERR;
       }
-      riov[0] = (struct iovec){(void *)(uintptr_t)va, w->length};
-      if ((st = vd_move_status(vd_move(p->pid, 0, l, nl, riov, 1), l, nl)) != IBV_WC_SUCCESS)
+      riov[0].iov_len = w->length;
+      if ((st = vd_reach(p->pid, 0, va, &m, &riov[0].iov_base, &rdev[0])) != IBV_WC_SUCCESS ||
+          (st = vd_transfer(p->pid, 0, l, ldev, nl, riov, rdev, 1)) != IBV_WC_SUCCESS)
         return st;
     }
     break;
@@ -364,26 +474,33 @@ static int vd_execute(struct vd_qp *q, struct vd_swqe *w) {
   if (w->length > VD_MAX_MSG)
     return IBV_WC_LOC_LEN_ERR;
   struct iovec l[VD_MAX_SGE];
+  int ldev[VD_MAX_SGE];
   int nl = 0;
   if (w->inline_len) {
+    ldev[nl] = -1;
     l[nl++] = (struct iovec){&w->sge[q->cap.max_send_sge], w->inline_len};
   } else {
     /* Reads land in local memory: that needs local write access. */
     uint32_t need = w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_LOCAL_WRITE : 0;
     for (int i = 0; i < w->num_sge; i++) {
       uint64_t va;
+      struct vd_mem m;
       if (w->sge[i].length == 0)
         continue;
-      if (vd_mr_lookup(q->pd->shm, w->sge[i].lkey, w->sge[i].addr, w->sge[i].length, need, &va))
+      if (vd_mr_lookup(q->pd->shm, w->sge[i].lkey, w->sge[i].addr, w->sge[i].length, need, &va, &m))
         return IBV_WC_LOC_PROT_ERR;
-      l[nl++] = (struct iovec){(void *)(uintptr_t)va, w->sge[i].length};
+      l[nl].iov_len = w->sge[i].length;
+      int st = vd_reach(getpid(), 1, va, &m, &l[nl].iov_base, &ldev[nl]);
+      if (st != IBV_WC_SUCCESS)
+        return st;
+      nl++;
     }
   }
   struct vd_peer *p = vd_peer_get(q);
   if (!p || vd_peer_dead(p))
     return IBV_WC_RETRY_EXC_ERR;
   vd_lock(&p->qp->lock);
-  int st = vd_execute_locked(q, w, p, l, nl);
+  int st = vd_execute_locked(q, w, p, l, ldev, nl);
   vd_unlock(&p->qp->lock);
   return st;
 }

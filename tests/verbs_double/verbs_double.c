@@ -7,8 +7,10 @@
  *                              each: e (active RoCE), i (active IB), d (down)
  *   LOOM_VERBS_DOUBLE_NETDEV   the netdev whose addresses the RoCE GIDs carry
  *   LOOM_VERBS_DOUBLE_FAIL     n[:status]: the n-th send WR fails
+ *   LOOM_VERBS_DOUBLE_DMABUF   0: no dma-buf registration (read by vd_mem.c)
  * vd_mem.c has PDs and MRs, vd_cq.c CQs, vd_qp.c QPs and receives, vd_send.c
- * the send side, vd_shm.c the shared memory under them all.
+ * the send side, vd_cuda.c device memory, vd_shm.c the shared memory under
+ * them all.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <arpa/inet.h>

@@ -244,6 +244,7 @@ static struct dev_conn dev_conn_of(struct conn *c) {
   if (!c)
     return d;
   d.base = c->dev.base;
+  d.hdrs = c->dev.hdrs;
   d.stride = c->fifo.stride;
   d.tail = c->dev.tail;
   d.head = c->dev.head;

@@ -22,6 +22,8 @@ extern "C" {
 /* One side of a connection as the GPU sees it; base is NULL when unused. */
 struct dev_conn {
   char *base;         /* slot 0, device-visible */
+  char *hdrs;         /* the headers, SLOT_HDR_BYTES apart, where they are kept apart from the slots (in
+                         mapped host memory, for the proxy); NULL: each slot starts with its header */
   uint64_t stride;    /* bytes per slot, header included */
   uint64_t *tail;     /* slots posted by the sender */
   uint64_t *head;     /* slots released by the receiver */

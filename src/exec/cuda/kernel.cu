@@ -302,6 +302,9 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
    * current piece's slots, which it hands to every thread. */
   __shared__ uint64_t rstep[WORK_MAX_PEERS], sstep[WORK_MAX_PEERS];
   __shared__ char *rslot, *sslot;
+  /* Where the current slots' headers are: at the slots' start, or in the
+   * connection's separate header array. */
+  __shared__ char *rhdr, *shdr;
   const uint32_t tid = threadIdx.x, nthr = blockDim.x;
   const struct dev_lane lane = plan->lanes[blockIdx.x];
   struct dev_status *status = plan->status;
@@ -352,10 +355,12 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
           uint64_t rs = recv ? rstep[st.ri] : 0, ss = send ? sstep[st.si] : 0;
           rslot = recv ? rc->base + (rs % NCCL_STEPS) * rc->stride : NULL;
           sslot = send ? sc->base + (ss % NCCL_STEPS) * sc->stride : NULL;
+          rhdr = recv && rc->hdrs ? rc->hdrs + (rs % NCCL_STEPS) * SLOT_HDR_BYTES : rslot;
+          shdr = send && sc->hdrs ? sc->hdrs + (ss % NCCL_STEPS) * SLOT_HDR_BYTES : sslot;
           if (recv && !wait_counter(rc->tail, rs + 1, status))
             stop = 1;
           if (!stop && recv) {
-            struct slot_hdr got = read_hdr(rslot), want = w.expect;
+            struct slot_hdr got = read_hdr(rhdr), want = w.expect;
             want.bytes = (uint32_t)bytes;
             if (!hdr_matches(want, got, w.check_seq)) {
               record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, si, rc->peer, &got, &want);
@@ -406,7 +411,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
           if (send) {
             struct slot_hdr h = w.mine;
             h.bytes = (uint32_t)bytes;
-            *(struct slot_hdr *)sslot = h;
+            *(struct slot_hdr *)shdr = h;
             __threadfence_system();
             store_release(sc->tail, ++sstep[st.si]);
           }
