@@ -3,7 +3,8 @@
 processes, once with the gloo backend and once with loom (Loom's
 torch.distributed backend, bindings/torch), from the same seed; checks that
 the two runs' losses agree step by step and prints both backends' time per
-step side by side.
+step side by side. Both models train in the same processes, one step of
+each in turn, so that the two timings see the same machine.
 
     PYTHONPATH=<build>/bindings/torch LOOM_NCCL_LIB=<build>/libnccl.so.2 \\
         python3 examples/ddp_train.py --ranks 4 --steps 20
@@ -38,63 +39,83 @@ def build_model(torch, hidden, layers, inp, out):
     return torch.nn.Sequential(*mods)
 
 
-def rank_main(backend, rank, args, store_path, q):
+def rank_main(rank, args, store_path, q):
+    """One rank: a DDP model per backend, from the same seed and on the same
+    data, trained in turns, one step of each backend after the other (the
+    order alternates), so that both backends meet the same machine: on a
+    shared host the load moves during a run, and two runs one after the
+    other would also measure that."""
     try:
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         torch.set_num_threads(args.threads)
-        if backend == "loom":
+        backends = args.backends.split(",")
+        if "loom" in backends:
             import loom_torch  # noqa: F401  (registers "loom")
-        dist.init_process_group(backend, init_method="file://" + store_path, rank=rank, world_size=args.ranks)
-        torch.manual_seed(args.seed)
-        model = build_model(torch, args.hidden, args.layers, args.hidden, args.out)
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+        # The default group only carries the models' start: each backend's
+        # DDP has a group of its own.
+        dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank, world_size=args.ranks)
+        runs = {}
+        for bk in backends:
+            group = dist.new_group(backend=bk)
+            torch.manual_seed(args.seed)
+            model = build_model(torch, args.hidden, args.layers, args.hidden, args.out)
+            ddp = DDP(model, bucket_cap_mb=args.bucket_mb, process_group=group,
+                      gradient_as_bucket_view=args.bucket_view)
+            opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+            grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            runs[bk] = {"group": group, "ddp": ddp, "opt": opt,
+                        "out": {"losses": [], "times": [], "comm": [], "phases": [], "grad_bytes": grad_bytes}}
         # Synthetic data: each rank its own shard of the same stream.
         gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
         w_true = torch.randn(args.hidden, args.out, generator=torch.Generator().manual_seed(args.seed))
-        losses, times, comm, phases = [], [], [], []
         for step in range(args.warmup + args.steps):
             x = torch.randn(args.batch, args.hidden, generator=gen)
             y = torch.tanh(x @ w_true) + 0.01 * torch.randn(args.batch, args.out, generator=gen)
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
-            t1 = time.perf_counter()
-            loss.backward()  # DDP all-reduces the gradient buckets in here
-            t2 = time.perf_counter()
-            opt.step()
-            t3 = time.perf_counter()
-            losses.append(loss.item())
-            if step >= args.warmup:
-                times.append(t3 - t0)
-                phases.append((t1 - t0, t2 - t1, t3 - t2))
+            for bk in (backends if step % 2 == 0 else backends[::-1]):
+                run_ = runs[bk]
+                ddp, opt, out = run_["ddp"], run_["opt"], run_["out"]
+                dist.barrier(group=run_["group"])
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                t1 = time.perf_counter()
+                loss.backward()  # DDP all-reduces the gradient buckets in here
+                t2 = time.perf_counter()
+                opt.step()
+                t3 = time.perf_counter()
+                out["losses"].append(loss.item())
+                if step >= args.warmup:
+                    out["times"].append(t3 - t0)
+                    out["phases"].append((t1 - t0, t2 - t1, t3 - t2))
         if args.profile:
             # The same bytes as the gradients, all-reduced alone: how much
             # of a step is communication.
-            flat = torch.ones(grad_bytes // 4)
-            for i in range(args.warmup + 3):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(flat)
-                if i >= args.warmup:
-                    comm.append(time.perf_counter() - t0)
+            for bk in backends:
+                out = runs[bk]["out"]
+                flat = torch.ones(out["grad_bytes"] // 4)
+                for i in range(args.warmup + 3):
+                    dist.barrier(group=runs[bk]["group"])
+                    t0 = time.perf_counter()
+                    dist.all_reduce(flat, group=runs[bk]["group"])
+                    if i >= args.warmup:
+                        out["comm"].append(time.perf_counter() - t0)
         dist.barrier()
+        for bk in backends:
+            dist.destroy_process_group(runs[bk]["group"])
         dist.destroy_process_group()
-        q.put((rank, {"losses": losses, "times": times, "comm": comm, "phases": phases, "grad_bytes": grad_bytes}))
+        q.put((rank, {bk: runs[bk]["out"] for bk in backends}))
     except BaseException:  # noqa: B902 - reported to the parent, whatever it is
         q.put((rank, traceback.format_exc()))
 
 
-def run(backend, args):
+def run(args):
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    tmp = tempfile.mkdtemp(prefix=f"ddp-{backend}-")
-    procs = [ctx.Process(target=rank_main, args=(backend, r, args, os.path.join(tmp, "store"), q))
+    tmp = tempfile.mkdtemp(prefix="ddp-")
+    procs = [ctx.Process(target=rank_main, args=(r, args, os.path.join(tmp, "store"), q))
              for r in range(args.ranks)]
     for p in procs:
         p.start()
@@ -114,11 +135,12 @@ def run(backend, args):
     bad = {r: v for r, v in res.items() if isinstance(v, str)}
     if bad or len(res) != args.ranks:
         for r, v in sorted(bad.items()):
-            print(f"--- {backend} rank {r} failed:\n{v}", file=sys.stderr)
+            print(f"--- rank {r} failed:\n{v}", file=sys.stderr)
         if len(res) != args.ranks:
-            print(f"--- {backend}: {args.ranks - len(res)} rank(s) never answered", file=sys.stderr)
+            print(f"--- {args.ranks - len(res)} rank(s) never answered", file=sys.stderr)
         sys.exit(2)
-    return res
+    # by backend, then rank
+    return {bk: {r: res[r][bk] for r in res} for bk in args.backends.split(",")}
 
 
 def median(v):
@@ -139,6 +161,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every rank, both backends")
     ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP gradient_as_bucket_view: gradients live in the buckets (no copy in and out)")
     ap.add_argument("--backends", default="gloo,loom")
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-6)
@@ -148,7 +172,9 @@ def main():
     args = ap.parse_args()
 
     backends = args.backends.split(",")
-    results = {b: run(b, args) for b in backends}
+    if not backends or len(set(backends)) != len(backends):
+        ap.error("--backends: one or more distinct backend names, such as gloo,loom")
+    results = run(args)
     first = results[backends[0]][0]
     print(f"DDP: {args.ranks} processes, MLP {args.layers} x {args.hidden} wide, "
           f"{first['grad_bytes'] / 2**20:.1f} MiB of gradients, batch {args.batch} per rank, "
