@@ -51,7 +51,7 @@ def rank_main(rank, args, store_path, q):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         torch.set_num_threads(args.threads)
-        backends = args.backends.split(",")
+        backends = args.backends
         if "loom" in backends:
             import loom_torch  # noqa: F401  (registers "loom")
         # The default group only carries the models' start: each backend's
@@ -140,7 +140,7 @@ def run(args):
             print(f"--- {args.ranks - len(res)} rank(s) never answered", file=sys.stderr)
         sys.exit(2)
     # by backend, then rank
-    return {bk: {r: res[r][bk] for r in res} for bk in args.backends.split(",")}
+    return {bk: {r: res[r][bk] for r in res} for bk in args.backends}
 
 
 def median(v):
@@ -171,8 +171,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=240)
     args = ap.parse_args()
 
-    backends = args.backends.split(",")
-    if not backends or len(set(backends)) != len(backends):
+    backends = args.backends = args.backends.split(",")
+    if not all(backends) or len(set(backends)) != len(backends):
         ap.error("--backends: one or more distinct backend names, such as gloo,loom")
     results = run(args)
     first = results[backends[0]][0]
