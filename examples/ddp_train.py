@@ -16,7 +16,10 @@ fails (status 3) when loom is not X times faster per step than gloo.
 Both backends run with the same torch.set_num_threads (--threads, default
 1): with several processes per core, torch's intra-op threads would
 otherwise compete with each other and with the backends' own threads, and
-the figure would measure the scheduler.
+the figure would measure the scheduler. The same count goes to OpenBLAS
+(OPENBLAS_NUM_THREADS, unless already set): Debian's torch calls the
+system BLAS without telling it torch's thread count, so each process would
+also start one OpenBLAS thread per CPU, and those spin while they wait.
 
 SPDX-License-Identifier: Apache-2.0
 """
@@ -161,8 +164,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every rank, both backends")
     ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
-    ap.add_argument("--bucket-view", action="store_true",
-                    help="DDP gradient_as_bucket_view: gradients live in the buckets (no copy in and out)")
+    ap.add_argument("--bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                    help="DDP gradient_as_bucket_view (default on, both backends): gradients live in the "
+                         "buckets, with no copy in and out")
     ap.add_argument("--backends", default="gloo,loom")
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-6)
@@ -174,11 +178,14 @@ def main():
     backends = args.backends = args.backends.split(",")
     if not all(backends) or len(set(backends)) != len(backends):
         ap.error("--backends: one or more distinct backend names, such as gloo,loom")
+    # Read by OpenBLAS when torch loads it, in each rank (forked from here).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
     results = run(args)
     first = results[backends[0]][0]
     print(f"DDP: {args.ranks} processes, MLP {args.layers} x {args.hidden} wide, "
           f"{first['grad_bytes'] / 2**20:.1f} MiB of gradients, batch {args.batch} per rank, "
-          f"torch threads {args.threads}, {args.warmup} warmup + {args.steps} timed steps")
+          f"torch threads {args.threads} (OpenBLAS {os.environ['OPENBLAS_NUM_THREADS']}), "
+          f"bucket view {'on' if args.bucket_view else 'off'}, {args.warmup} warmup + {args.steps} timed steps")
 
     status = 0
     if len(backends) == 2:

@@ -5,11 +5,11 @@
 # `reps` times; prints the median step time of each backend and the median
 # of the runs' ratios. Usage:
 #   perf/ddp_compare.sh [build-dir] [reps] [batches] [ranks]
-#   perf/ddp_compare.sh build 3 "1 4 16" "2 4"     (STEPS=N: timed steps per run, 20)
-# The batch decides what a step is made of: at a few samples per rank a
-# step is memory traffic over the weights (forward, backward, DDP's bucket
-# copies, the optimizer) plus the gradients' AllReduce; at 16 the matrix
-# products take over on this machine's 2 cores and the backend matters less.
+#   perf/ddp_compare.sh build 7 "1 4 16" "2 4"     (STEPS=N: timed steps per run, 20)
+#   DDP_ARGS=--no-bucket-view perf/ddp_compare.sh ...   (more options for every run)
+# At these batches a step is mostly memory traffic over the weights
+# (forward and backward products, the optimizer) plus the gradients'
+# AllReduce, the only part the backend changes (docs/pytorch.md).
 set -euo pipefail
 build=${1:-build}
 reps=${2:-3}
@@ -23,14 +23,14 @@ here=$(dirname "$0")
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "# DDP step time, loom against gloo: $reps runs per line, medians (examples/ddp_train.py --steps $steps)"
+echo "# DDP step time, loom against gloo: $reps runs per line, medians (examples/ddp_train.py --steps $steps ${DDP_ARGS:-})"
 echo "# host: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)"
 printf '%6s %6s %12s %12s %8s   %s\n' ranks batch "gloo ms" "loom ms" ratio "ratios of the runs"
 for n in $ranks; do
   for b in $batches; do
     g=() l=() x=()
     for ((i = 0; i < reps; i++)); do
-      out=$("$py" "$here/../examples/ddp_train.py" --ranks "$n" --batch "$b" --steps "$steps" --warmup 2)
+      out=$("$py" "$here/../examples/ddp_train.py" --ranks "$n" --batch "$b" --steps "$steps" --warmup 2 ${DDP_ARGS:-})
       g+=("$(awk '$1 == "gloo:" { print $2 }' <<<"$out")")
       l+=("$(awk '$1 == "loom:" { print $2 }' <<<"$out")")
       x+=("$(awk '/^loom is / { sub(/x$/, "", $3); print $3 }' <<<"$out")")

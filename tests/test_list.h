@@ -237,7 +237,7 @@ TEST(coll_single_copy_shm_4, 300)
 TEST(coll_single_copy_tree_shm_4, 300)
 TEST(coll_no_spin_shm_3, 300)
 TEST(perf_crossover_quick, 120)
-/* The verbs test double itself (test_verbs_double.c, verbs_double/). */
+/* The verbs test double itself (test_verbs_double*.c, vd_client.c, verbs_double/). */
 TEST(verbs_double_devices, 60)
 TEST(verbs_double_write_imm, 120)
 TEST(verbs_double_send, 60)
