@@ -1,8 +1,8 @@
 /*
  * The end of a group on host communicators: each task becomes one work per
- * channel (collectives) or one work per peer (send/recv); works that share
- * connections queue on the same lane and run in call order, lanes run
- * concurrently. The calling thread drives every lane until all are done,
+ * channel (collectives) or one work per peer (send/recv), planned by
+ * plan.c; works that share connections queue on the same lane and run in
+ * call order, lanes run concurrently. The calling thread drives every lane until all are done,
  * a peer fails, or nothing moves for LOOM_TIMEOUT.
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -16,6 +16,7 @@
 #include "exec/slot.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "plan.h"
 #include "status.h"
 #include "transport/transport.h"
 
@@ -49,338 +50,6 @@ void task_describe(const struct task *t, char *buf, size_t len) {
   default:
     snprintf(buf, len, "%s(count %zu, %s, %s)", coll_name(t->coll), t->count, dtype_name(t->dtype), op);
   }
-}
-
-/* Per communicator: lanes [0, nchannels) are the rings, then one send and
- * one receive lane per peer. */
-struct comm_plan {
-  struct ncclComm *comm;
-  struct lane *lanes;
-  int nlanes;
-};
-
-static void lane_push(struct lane *l, struct work *w) {
-  if (l->tail)
-    l->tail->next = w;
-  else
-    l->head = w;
-  l->tail = w;
-}
-
-/* Works go back to their communicator, schedule buffer and all: a small
- * collective then costs no allocation (comm_free_works releases them). */
-static void work_free(struct work *w) {
-  w->next = w->comm->free_works;
-  w->comm->free_works = w;
-}
-
-void comm_free_works(struct ncclComm *comm) {
-  for (struct work *w = comm->free_works, *n; w; w = n) {
-    n = w->next;
-    schedule_free(&w->sched);
-    free(w);
-  }
-  comm->free_works = NULL;
-}
-
-#define KEPT_SHAPES 4
-
-/* A free work to build on: one that keeps no call's shape, or else the
- * oldest of the KEPT_SHAPES most recent shapes (enqueue_single); NULL when
- * fewer are kept, so that a new one is made. */
-static struct work *take_free(struct ncclComm *comm) {
-  struct work **link = &comm->free_works, **oldest = NULL;
-  int kept = 0;
-  for (struct work *w = *link; w; link = &w->next, w = *link) {
-    if (!w->key.coll) {
-      *link = w->next;
-      return w;
-    }
-    oldest = link;
-    if (++kept == KEPT_SHAPES)
-      break;
-  }
-  if (kept < KEPT_SHAPES)
-    return NULL;
-  struct work *w = *oldest;
-  *oldest = w->next;
-  return w;
-}
-
-static ncclResult_t new_work(struct ncclComm *comm, struct task *t, uint64_t seq, struct work **out) {
-  struct work *w = take_free(comm);
-  if (w) {
-    struct schedule keep = w->sched;
-    memset(w, 0, sizeof *w);
-    w->sched = keep;
-    w->sched.nsteps = 0;
-  } else {
-    CHECK(UTIL_CALLOC(&w, 1, "a work item"));
-  }
-  w->comm = comm;
-  w->task = t;
-  w->seq = seq;
-  w->esize = dtype_size(t->dtype);
-  w->src = t->sendbuff;
-  w->dst = t->recvbuff;
-  *out = w;
-  return ncclSuccess;
-}
-
-static size_t slot_elems(const struct ncclComm *comm, size_t esize) {
-  size_t capacity = (comm->buffsize / NCCL_STEPS) & ~(size_t)63;
-  return capacity / esize;
-}
-
-/* A work's connections of one kind to the schedule's peers, by index. */
-static ncclResult_t peer_conns(struct ncclComm *comm, struct work *w, int kind, int channel,
-                               const struct sched_peers *pe) {
-  w->nsends = pe->nsend;
-  w->nrecvs = pe->nrecv;
-  for (int i = 0; i < pe->nsend; i++)
-    if (pe->send[i] >= 0)
-      CHECK(transport_get_conn(comm, kind, channel, pe->send[i], CONN_SEND, &w->sends[i]));
-  for (int i = 0; i < pe->nrecv; i++)
-    if (pe->recv[i] >= 0)
-      CHECK(transport_get_conn(comm, kind, channel, pe->recv[i], CONN_RECV, &w->recvs[i]));
-  return ncclSuccess;
-}
-
-static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
-  struct ncclComm *comm = p->comm;
-  size_t esize = dtype_size(t->dtype);
-  size_t align = LOOM_MAX((size_t)1, 64 / esize);
-  for (int c = 0; c < nch; c++) {
-    struct channel *ch = &comm->channels[c];
-    struct ring_args a = {
-        .coll = t->coll,
-        .nranks = comm->nranks,
-        .ring = ch->ring,
-        .index = ch->ring_index,
-        .root = t->root,
-        .count = t->count,
-        .chunk = slot_elems(comm, esize) * (NCCL_STEPS / 2),
-        .align = align,
-    };
-    schedule_channel_range(t->count, c, nch, align, &a.off, &a.len);
-    struct work *w;
-    CHECK(new_work(comm, t, seq, &w));
-    ncclResult_t r = ring_schedule(&a, &w->sched);
-    if (r == ncclSuccess && w->sched.nsteps > 0 && comm->nranks > 1) {
-      w->nsends = w->nrecvs = 1;
-      r = transport_get_conn(comm, CONN_RING, c, ch->ring_next, CONN_SEND, &w->sends[0]);
-      if (r == ncclSuccess)
-        r = transport_get_conn(comm, CONN_RING, c, ch->ring_prev, CONN_RECV, &w->recvs[0]);
-    }
-    if (r != ncclSuccess || w->sched.nsteps == 0) {
-      work_free(w);
-      CHECK(r);
-      continue;
-    }
-    w->channel = c;
-    w->piece = slot_elems(comm, esize);
-    lane_push(&p->lanes[c], w);
-  }
-  return ncclSuccess;
-}
-
-/* Collectives of every algorithm queue on the channel lanes, so that they
- * run in call order whatever connections they use. */
-static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
-  struct ncclComm *comm = p->comm;
-  size_t esize = dtype_size(t->dtype), align = LOOM_MAX((size_t)1, 64 / esize);
-  for (int c = 0; c < nch; c++) {
-    const struct channel *ch = &comm->channels[c];
-    int children[3], nchild = 0;
-    for (int k = 0; k < 3; k++)
-      if (ch->tree_down[k] >= 0)
-        children[nchild++] = ch->tree_down[k];
-    size_t off, len;
-    schedule_channel_range(t->count, c, nch, align, &off, &len);
-    if (len == 0)
-      continue;
-    struct work *w;
-    CHECK(new_work(comm, t, seq, &w));
-    struct sched_peers pe;
-    ncclResult_t r = tree_schedule(ch->tree_up, children, nchild, off, len, slot_elems(comm, esize) * 2, &w->sched, &pe);
-    if (r == ncclSuccess)
-      r = peer_conns(comm, w, CONN_TREE, c, &pe);
-    if (r != ncclSuccess) {
-      work_free(w);
-      return r;
-    }
-    w->channel = c;
-    w->piece = slot_elems(comm, esize);
-    lane_push(&p->lanes[c], w);
-  }
-  return ncclSuccess;
-}
-
-static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq) {
-  struct ncclComm *comm = p->comm;
-  struct work *w;
-  CHECK(new_work(comm, t, seq, &w));
-  struct sched_peers pe;
-  ncclResult_t r = rd_schedule(comm->rank, comm->nranks, t->count, &w->sched, &pe);
-  if (r == ncclSuccess)
-    r = peer_conns(comm, w, CONN_RD, 0, &pe);
-  if (r != ncclSuccess) {
-    work_free(w);
-    return r;
-  }
-  w->piece = slot_elems(comm, w->esize);
-  lane_push(&p->lanes[0], w);
-  return ncclSuccess;
-}
-
-/* The first collective sets up the connections of every collective
- * algorithm at once: ranks whose calls differ (a mistake, or the tuner
- * choosing differently for different calls) then still meet on
- * connections, where the slot headers name the disagreement, instead of
- * each waiting for the other's connection setup. */
-static ncclResult_t connect_collectives(struct ncclComm *comm) {
-  struct conn *c;
-  for (int ch = 0; ch < comm->nchannels; ch++) {
-    const struct channel *x = &comm->channels[ch];
-    CHECK(transport_get_conn(comm, CONN_RING, ch, x->ring_next, CONN_SEND, &c));
-    CHECK(transport_get_conn(comm, CONN_RING, ch, x->ring_prev, CONN_RECV, &c));
-    int peers[4] = {x->tree_up, x->tree_down[0], x->tree_down[1], x->tree_down[2]};
-    for (int k = 0; k < 4; k++) {
-      if (peers[k] < 0)
-        continue;
-      CHECK(transport_get_conn(comm, CONN_TREE, ch, peers[k], CONN_SEND, &c));
-      CHECK(transport_get_conn(comm, CONN_TREE, ch, peers[k], CONN_RECV, &c));
-    }
-  }
-  struct schedule s = {0};
-  struct sched_peers pe;
-  CHECK(rd_schedule(comm->rank, comm->nranks, 1, &s, &pe));
-  schedule_free(&s);
-  for (int i = 0; i < pe.nsend; i++) {
-    CHECK(transport_get_conn(comm, CONN_RD, 0, pe.send[i], CONN_SEND, &c));
-    CHECK(transport_get_conn(comm, CONN_RD, 0, pe.recv[i], CONN_RECV, &c));
-  }
-  comm->coll_conns = 1;
-  return ncclSuccess;
-}
-
-/* The tuner's algorithm and channel count for a collective, by the size
- * of its largest buffer. */
-static ncclResult_t pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
-  size_t bytes = t->count * dtype_size(t->dtype);
-  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
-    bytes *= (size_t)comm->nranks;
-  return tuner_pick(&comm->tuner, t->coll, bytes, algo, nch, NULL);
-}
-
-static ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch) {
-  switch (algo) {
-  case ALGO_TREE: return plan_tree(p, t, seq, nch);
-  case ALGO_RD: return plan_rd(p, t, seq);
-  default: return plan_ring(p, t, seq, nch);
-  }
-}
-
-static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
-  struct ncclComm *comm = p->comm;
-  if (comm->nranks == 1)
-    return plan_ring(p, t, seq, 1);
-  if (!comm->coll_conns)
-    CHECK(connect_collectives(comm));
-  int algo, nch;
-  CHECK(pick_algo(comm, t, &algo, &nch));
-  return plan_algo(p, t, seq, algo, nch);
-}
-
-static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
-  struct ncclComm *comm = p->comm;
-  struct work *w;
-  CHECK(new_work(comm, t, 0, &w));
-  ncclResult_t r = p2p_schedule(t->coll, t->count, &w->sched);
-  /* Both directions with a peer are set up together, so that two ranks
-   * that each send first (outside a group) set up matching pairs instead
-   * of each waiting for the other's half. */
-  struct conn *send = NULL, *recv = NULL;
-  if (r == ncclSuccess)
-    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_SEND, &send);
-  if (r == ncclSuccess)
-    r = transport_get_conn(comm, CONN_P2P, 0, t->peer, CONN_RECV, &recv);
-  if (t->coll == COLL_SEND) {
-    w->sends[0] = send;
-    w->nsends = 1;
-  } else {
-    w->recvs[0] = recv;
-    w->nrecvs = 1;
-  }
-  if (r != ncclSuccess) {
-    work_free(w);
-    return r;
-  }
-  w->piece = slot_elems(comm, w->esize);
-  int lane = comm->nchannels + (t->coll == COLL_SEND ? 0 : comm->nranks) + t->peer;
-  lane_push(&p->lanes[lane], w);
-  return ncclSuccess;
-}
-
-/* A send to oneself is a copy into the matching receive from oneself, in
- * call order. */
-static ncclResult_t run_self(struct ncclComm *comm) {
-  int nsend = 0, nrecv = 0;
-  for (struct task *t = comm->tasks_head; t; t = t->next)
-    if (t->peer == comm->rank && (t->coll == COLL_SEND || t->coll == COLL_RECV))
-      *(t->coll == COLL_SEND ? &nsend : &nrecv) += 1;
-  if (nsend != nrecv)
-    return err_set(ncclInvalidUsage,
-                   "rank %d posted %d send(s) to itself but %d receive(s) from itself in the same group; each "
-                   "ncclSend to self needs a matching ncclRecv from self",
-                   comm->rank, nsend, nrecv);
-  struct task *s = comm->tasks_head, *r = comm->tasks_head;
-  for (int k = 0; k < nsend; k++) {
-    while (!(s->coll == COLL_SEND && s->peer == comm->rank))
-      s = s->next;
-    while (!(r->coll == COLL_RECV && r->peer == comm->rank))
-      r = r->next;
-    if (s->count != r->count || s->dtype != r->dtype)
-      return err_set(ncclInvalidUsage,
-                     "rank %d sends %zu x %s to itself but receives %zu x %s from itself: counts and datatypes "
-                     "must match",
-                     comm->rank, s->count, dtype_name(s->dtype), r->count, dtype_name(r->dtype));
-    if (r->recvbuff != s->sendbuff && s->count > 0)
-      memmove(r->recvbuff, s->sendbuff, s->count * dtype_size(s->dtype));
-    s = s->next;
-    r = r->next;
-  }
-  return ncclSuccess;
-}
-
-static ncclResult_t plan_comm(struct comm_plan *p) {
-  struct ncclComm *comm = p->comm;
-  /* One launch per communicator and group, on one stream. */
-  for (struct task *t = comm->tasks_head; t && !comm->is_host; t = t->next)
-    if (t->stream != comm->tasks_head->stream)
-      return err_set(ncclInvalidUsage,
-                     "rank %d: the operations of one communicator in one group must use the same stream (%p and "
-                     "%p here)",
-                     comm->rank, comm->tasks_head->stream, t->stream);
-  p->nlanes = comm->nchannels + 2 * comm->nranks;
-  if (!comm->lanes)
-    CHECK(UTIL_CALLOC(&comm->lanes, p->nlanes, "lanes"));
-  p->lanes = comm->lanes;
-  memset(p->lanes, 0, sizeof *p->lanes * (size_t)p->nlanes);
-  CHECK(run_self(comm));
-  for (struct task *t = comm->tasks_head; t; t = t->next) {
-    if (t->coll == COLL_SEND || t->coll == COLL_RECV) {
-      if (t->peer != comm->rank && t->count > 0)
-        CHECK(plan_p2p(p, t));
-      continue;
-    }
-    /* Every rank numbers every collective, empty ones too, so a rank that
-     * skipped one is caught by the next. */
-    uint64_t seq = t->call_check ? CALL_CHECK_SEQ_BIT | comm->check_seq++ : comm->coll_seq++;
-    if (t->count > 0)
-      CHECK(plan_collective(p, t, seq));
-  }
-  return ncclSuccess;
 }
 
 static ncclResult_t progress_conn(struct conn *c) {
@@ -525,7 +194,7 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
           lane->head = w->next;
           if (!lane->head)
             lane->tail = NULL;
-          work_free(w);
+          plan_work_free(w);
           moved = 1;
         }
         if (lane->head) {
@@ -575,8 +244,6 @@ static int key_matches(const struct work *w, const struct task *t) {
   return w->key.coll == t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype && w->key.root == t->root;
 }
 
-static void plans_free(struct comm_plan *plans, int n);
-
 /* Small collectives are most of a training step's calls, and their
  * latency is mostly this code: a call with the same shape as the last one
  * takes its work back from the communicator as it is (schedule,
@@ -606,14 +273,14 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   /* Calls of a few shapes in turn (a training step's) find theirs among
    * the last works freed. */
   struct work *w = comm->free_works, **link = &comm->free_works;
-  for (int k = 0; w && k < KEPT_SHAPES && !key_matches(w, t); k++) {
+  for (int k = 0; w && k < PLAN_KEPT_SHAPES && !key_matches(w, t); k++) {
     link = &w->next;
     w = w->next;
   }
   int hit = w && key_matches(w, t);
   int algo = ALGO_RING, nch = 1;
   if (!hit && comm->nranks > 1 && t->count > 0) {
-    CHECK(pick_algo(comm, t, &algo, &nch));
+    CHECK(plan_pick_algo(comm, t, &algo, &nch));
     if (nch != 1 && algo != ALGO_RD)
       return ncclSuccess;
   }
@@ -636,7 +303,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
     w->step = 0;
     w->step_off = 0;
     w->next = NULL;
-    lane_push(&lane, w);
+    plan_lane_push(&lane, w);
   } else {
     r = plan_algo(&p, t, seq, algo, 1);
     if (r != ncclSuccess) {
@@ -654,7 +321,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   if (r == ncclSuccess)
     r = run(&p, 1);
   if (r != ncclSuccess) {
-    plans_free(&p, 1);
+    plan_free(&p, 1);
     comm_set_error(comm, r);
   }
   if (!t->call_check)
@@ -702,18 +369,6 @@ static ncclResult_t check_single(struct ncclComm *comm, struct task *t, int *ref
   return ncclSuccess;
 }
 
-static void plans_free(struct comm_plan *plans, int n) {
-  for (int i = 0; i < n; i++) {
-    for (int l = 0; l < plans[i].nlanes; l++)
-      for (struct work *w = plans[i].lanes[l].head, *nx; w; w = nx) {
-        nx = w->next;
-        work_free(w);
-      }
-    if (plans[i].lanes)
-      memset(plans[i].lanes, 0, sizeof *plans[i].lanes * (size_t)plans[i].nlanes);
-  }
-}
-
 /* Host communicators run here and now; CUDA ones are enqueued on their
  * stream, and run() only drives the host ones. */
 static ncclResult_t execute(struct comm_plan *plans, int n) {
@@ -757,7 +412,7 @@ static ncclResult_t launch_tasks(struct ncclComm **comms, int ncomms, struct com
     r = transport_connect_pending(comms, ncomms);
   if (r == ncclSuccess)
     r = execute(plans, ncomms);
-  plans_free(plans, ncomms);
+  plan_free(plans, ncomms);
   return r;
 }
 
