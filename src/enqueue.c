@@ -2,8 +2,9 @@
  * The end of a group on host communicators: each task becomes one work per
  * channel (collectives) or one work per peer (send/recv), planned by
  * plan.c; works that share connections queue on the same lane and run in
- * call order, lanes run concurrently. The calling thread drives every lane until all are done,
- * a peer fails, or nothing moves for LOOM_TIMEOUT.
+ * call order, lanes run concurrently. The calling thread drives every
+ * lane until all are done, a peer fails, or nothing moves for
+ * LOOM_TIMEOUT.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
