@@ -164,22 +164,25 @@ void cuda_ipc_close(void *ptr) {
     cudaIpcCloseMemHandle(ptr);
 }
 
+/* One attribute of the device; 0 (the error cleared) where CUDA cannot
+ * say. */
+static int dev_attr(int dev, enum cudaDeviceAttr attr, int *v) {
+  if (cudaDeviceGetAttribute(v, attr, dev) == cudaSuccess)
+    return 1;
+  cudaGetLastError();
+  return 0;
+}
+
 int cuda_gdr_supported(int dev) {
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return v;
+  int v;
+  return dev_attr(dev, cudaDevAttrGPUDirectRDMASupported, &v) ? v : 0;
 }
 
 int cuda_compute_capability(int dev) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
+  int major, minor;
+  if (!dev_attr(dev, cudaDevAttrComputeCapabilityMajor, &major) ||
+      !dev_attr(dev, cudaDevAttrComputeCapabilityMinor, &minor))
     return 0;
-  }
   return major * 10 + minor;
 }
 

@@ -278,9 +278,11 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
     c->dev.tail = (uint64_t *)(d + offsetof(struct net_ctrl, tail));
     c->dev.head = (uint64_t *)(d + offsetof(struct net_ctrl, head));
   }
+  /* This side's wish; the peer's joins it at connect. */
+  np->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS);
   struct net_info *ni = info;
   memset(ni, 0, sizeof *ni);
-  ni->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS);
+  ni->split = (uint32_t)np->split;
   *len = sizeof *ni;
   if (c->dir == CONN_SEND)
     return ncclSuccess;
@@ -295,7 +297,7 @@ static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t le
   const struct net_info *peer = peer_info;
   if (len != sizeof *peer)
     return err_set(ncclInternalError, "net connection info from rank %d has %zu bytes", c->peer, len);
-  np->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS) || peer->split != 0;
+  np->split = np->split || peer->split != 0;
   ncclResult_t r;
   if (c->dir == CONN_SEND) {
     r = np->p->connect(np->dev, peer->handle, &np->comm);

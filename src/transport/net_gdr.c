@@ -27,21 +27,19 @@
 #include <unistd.h>
 
 ncclResult_t gdr_parse_level(const char *v, int *level) {
-  static const struct {
-    const char *name;
-    int level;
-  } names[] = {{"LOC", PATH_LOC}, {"PIX", PATH_PIX}, {"PXB", PATH_PXB}, {"PHB", PATH_PHB}, {"SYS", PATH_SYS}};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (strcasecmp(v, names[i].name) == 0) {
-      *level = names[i].level;
+  /* By path name, or by NCCL's legacy number (its index here; as NCCL,
+   * anything above 4 is SYS). */
+  static const int levels[] = {PATH_LOC, PATH_PIX, PATH_PXB, PATH_PHB, PATH_SYS};
+  const size_t nlevels = sizeof levels / sizeof levels[0];
+  for (size_t i = 0; i < nlevels; i++)
+    if (strcasecmp(v, path_type_name(levels[i])) == 0) {
+      *level = levels[i];
       return ncclSuccess;
     }
-  /* NCCL's legacy numbers; as NCCL, anything above 4 is SYS. */
-  static const int legacy[] = {PATH_LOC, PATH_PIX, PATH_PXB, PATH_PHB, PATH_SYS};
   size_t n = strlen(v);
   if (n > 0 && n <= 9 && strspn(v, "0123456789") == n) {
     long k = strtol(v, NULL, 10);
-    *level = legacy[k > 4 ? 4 : k];
+    *level = levels[k >= (long)nlevels ? nlevels - 1 : (size_t)k];
     return ncclSuccess;
   }
   return err_set(ncclInvalidArgument,
