@@ -44,6 +44,10 @@ struct root {
   char failed_msg[512];
   struct greeting pend[MAX_PENDING];
   int npend;
+  /* LOOM_TIMEOUT, read by the thread that starts the root: the root's own
+   * thread never reads the environment, which the program may be changing
+   * meanwhile (setenv beside getenv can crash). */
+  int64_t timeout_s;
 };
 
 static void reply_error(int fd, ncclResult_t status, const char *msg) {
@@ -219,7 +223,7 @@ static void timed_out(struct root *rt) {
     if (rt->fds[i] < 0)
       o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", i);
   snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s within LOOM_TIMEOUT=%llds",
-           missing, rt->nranks, rt->where, (long long)timeout_seconds());
+           missing, rt->nranks, rt->where, (long long)rt->timeout_s);
   fail_job(rt, ncclRemoteError, msg);
 }
 
@@ -240,7 +244,7 @@ static void answer_all(struct root *rt) {
 
 static void *root_main(void *arg) {
   struct root *rt = arg;
-  uint64_t deadline = deadline_from_timeout();
+  uint64_t deadline = time_ns() + (uint64_t)rt->timeout_s * 1000000000ull;
   struct pollfd pfd[MAX_PENDING + 1];
   for (;;) {
     if (rt->failed == ncclSuccess && rt->nranks > 0 && rt->joined == rt->nranks) {
@@ -301,6 +305,7 @@ ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, uint64_t sec
   sock_set_nonblocking(rt->listen_fd);
   rt->secret = secret;
   rt->nranks = -1;
+  rt->timeout_s = timeout_seconds();
   sock_addr_str(&addr, rt->where, sizeof rt->where);
   if (bound)
     *bound = addr;

@@ -38,17 +38,17 @@ static int parse_cpulist(const char *list, cpu_set_t *set) {
   return n;
 }
 
-int place_thread(const char *cpulist) {
+int place_thread(const char *cpulist, int ignore_affinity) {
   cpu_set_t want, have;
   if (!cpulist || !cpulist[0] || parse_cpulist(cpulist, &want) == 0)
     return 0;
-  if (!param_int(P_IGNORE_CPU_AFFINITY) && sched_getaffinity(0, sizeof have, &have) == 0)
+  if (!ignore_affinity && sched_getaffinity(0, sizeof have, &have) == 0)
     CPU_AND(&want, &want, &have);
   if (CPU_COUNT(&want) == 0)
     return 0;
   if (pthread_setaffinity_np(pthread_self(), sizeof want, &want) != 0)
     return 0;
   INFO(LOG_INIT, "thread bound to CPUs %s%s", cpulist,
-       param_int(P_IGNORE_CPU_AFFINITY) ? " (NCCL_IGNORE_CPU_AFFINITY)" : " within the job's affinity");
+       ignore_affinity ? " (NCCL_IGNORE_CPU_AFFINITY)" : " within the job's affinity");
   return 1;
 }

@@ -10,9 +10,10 @@
 void place_memory(void *ptr, size_t size, int node);
 
 /* Binds the calling thread to the CPUs of `cpulist` ("0-27,56-83"): within
- * the process's current affinity, unless NCCL_IGNORE_CPU_AFFINITY=1. Does
- * nothing when the list is empty or the intersection is. Returns 1 if it
- * bound the thread. */
-int place_thread(const char *cpulist);
+ * the process's current affinity, unless ignore_affinity (the caller's
+ * NCCL_IGNORE_CPU_AFFINITY, read where reading the environment is safe).
+ * Does nothing when the list is empty or the intersection is. Returns 1
+ * if it bound the thread. */
+int place_thread(const char *cpulist, int ignore_affinity);
 
 #endif

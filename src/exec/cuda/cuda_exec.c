@@ -54,6 +54,11 @@ struct cuda_comm {
   pthread_t proxy;
   int proxy_started;
   _Atomic int stop;
+  /* LOOM_TIMEOUT, read at init: the proxy thread never reads the
+   * environment, which the program may be changing meanwhile (setenv
+   * beside getenv can crash). */
+  int64_t timeout_s;
+  int ignore_affinity; /* NCCL_IGNORE_CPU_AFFINITY, for the same reason */
 };
 
 static ncclResult_t cuda_fail(cudaError_t e, const char *what) {
@@ -92,7 +97,7 @@ static void *proxy_main(void *arg) {
   struct ncclComm *comm = cc->comm;
   cudaSetDevice(comm->cuda_dev);
   log_set_rank(comm->rank);
-  place_thread(comm->local_cpus);
+  place_thread(comm->local_cpus, cc->ignore_affinity);
   struct waiter w;
   wait_init(&w, 0);
   uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0;
@@ -132,10 +137,10 @@ static void *proxy_main(void *arg) {
         if (p != seen || !kernels_running(cc)) {
           seen = p;
           last_change = now;
-        } else if (now - last_change >= (uint64_t)timeout_seconds() * 1000000000ull) {
+        } else if (now - last_change >= (uint64_t)cc->timeout_s * 1000000000ull) {
           fail_kernels(cc, err_set(ncclRemoteError,
                                    "rank %d: a collective on the GPU made no progress for LOOM_TIMEOUT=%llds",
-                                   comm->rank, (long long)timeout_seconds()));
+                                   comm->rank, (long long)cc->timeout_s));
           reported = 1;
         }
       }
@@ -159,6 +164,8 @@ ncclResult_t cuda_comm_init(struct ncclComm *comm) {
   CUDA_TRY(cudaEventCreateWithFlags(&cc->last, cudaEventDisableTiming), "cudaEventCreate");
   cc->watch_cap = 2 * comm->nranks + 2 * LOOM_MAX_CHANNELS;
   CHECK(UTIL_CALLOC(&cc->watch, cc->watch_cap, "watched connections"));
+  cc->timeout_s = timeout_seconds();
+  cc->ignore_affinity = (int)param_int(P_IGNORE_CPU_AFFINITY);
   int rc = pthread_create(&cc->proxy, NULL, proxy_main, cc);
   if (rc != 0)
     return err_set(ncclSystemError, "cannot start the proxy thread of rank %d: %s", comm->rank, strerror(rc));
