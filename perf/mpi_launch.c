@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 static _Noreturn void mpi_fail(const char *progname, int wrank, const char *what, int code) {
   char err[MPI_MAX_ERROR_STRING] = "";
@@ -56,6 +57,27 @@ void perf_mpi_setup(const char *progname, int nthreads, int *proc, int *nprocs, 
   char buf[16];
   snprintf(buf, sizeof buf, "%d", local);
   setenv("LOOM_LOCAL_RANK", buf, 1);
+
+  /* A job started with NCCL_COMM_ID is joinable only by processes that
+   * hold LOOM_SECRET: unless the user gave one, rank 0 draws it and MPI
+   * hands it out, as the unique id below. */
+  char secret[65] = "";
+  if (wrank == 0 && !(getenv("LOOM_SECRET") && getenv("LOOM_SECRET")[0]) &&
+      !(getenv("LOOM_SECRET_FILE") && getenv("LOOM_SECRET_FILE")[0])) {
+    unsigned char raw[32];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+      mpi_fail(progname, wrank, "cannot draw a random LOOM_SECRET", MPI_SUCCESS);
+    for (size_t i = 0; i < sizeof raw; i++)
+      snprintf(secret + 2 * i, 3, "%02x", raw[i]);
+    /* explicit_bzero: a zeroing the compiler keeps (the benchmarks do
+     * not link libcrypto for OPENSSL_cleanse). */
+    explicit_bzero(raw, sizeof raw);
+  }
+  rc = MPI_Bcast(secret, (int)sizeof secret, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (rc != MPI_SUCCESS) mpi_fail(progname, wrank, "MPI_Bcast of LOOM_SECRET failed", rc);
+  /* setenv keeps its own copy, which Loom reads. */
+  if (secret[0]) setenv("LOOM_SECRET", secret, 1);
+  explicit_bzero(secret, sizeof secret);
 
   if (wrank == 0) {
     ncclResult_t res = ncclGetUniqueId(uid);

@@ -1,310 +1,387 @@
-/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The ranks' side of the bootstrap (bootstrap.h): joining through the
+ * root, then tagged messages over connections that stay open.
+ *
+ * Every wait (a receive, a send whose connection is still proving itself
+ * or whose socket is full) runs the same loop: it accepts and answers
+ * connections on this rank's listener, reads every open connection into
+ * the stash, and drops strangers, so two ranks that send to each other at
+ * once, or a rank that sends while another connects to it, never wait on
+ * each other. A rank serves its listener only while it is inside a
+ * bootstrap call; the bytes that arrive meanwhile wait in the kernel.
+ *
+ * A send returns once the kernel has its message. On a new connection
+ * that is before the listener has answered (a connector's messages follow
+ * its proof at once), and the listener may still drop the connection
+ * unread: its greeting came too slowly (a lossy link) or too many were
+ * waiting. The connection keeps those messages until the answer comes,
+ * and if it ends first they go again, whole and in order, on a new
+ * connection (resend_due), at most one a slice per peer. Joining the
+ * root is in bootstrap_join.c.
+ * SPDX-License-Identifier: Apache-2.0
+ */
 #include "core.h"
 #include "bootstrap.h"
+#include "bootstrap_conn.h"
 #include "misc/utils.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "bootstrap_wire.h"
+/* Why a peer can no longer be reached (bootstrap->gone). */
+enum { GONE_NO, GONE_CLOSED, GONE_REFUSED, GONE_BROKEN, GONE_IMPOSTOR };
 
-struct boot_stash {
-  struct boot_stash *next;
-  int from;
-  uint64_t tag;
-  size_t len;
-  char data[];
-};
+/* How often a wait asks the liveness callback, and how long it waits on a
+ * peer it has no connection with before it connects to see whether the
+ * peer still listens. */
+#define ALIVE_NS 100000000ull
+#define PROBE_NS 1000000000ull
 
-struct boot_pending {
-  int fd;
-  uint64_t until;
-  size_t got;
-  struct msg_hdr h;
-};
+/* ---- connections ---- */
 
-ncclResult_t bootstrap_local_address(union sock_addr *addr, char *ifname, size_t len) {
-  struct sock_iface ifs[SOCK_MAX_IFACES];
-  int n = 0;
-  CHECK(sock_find_interfaces(ifs, SOCK_MAX_IFACES, &n));
-  *addr = ifs[0].addr;
-  if (addr->sa.sa_family == AF_INET)
-    addr->sin.sin_port = 0;
-  else
-    addr->sin6.sin6_port = 0;
-  snprintf(ifname, len, "%s", ifs[0].name);
+static ncclResult_t conn_new(struct bootstrap *b, struct boot_conn **out) {
+  if (b->nconns == b->capconns) {
+    int cap = b->capconns ? 2 * b->capconns : 16;
+    struct boot_conn **c = realloc(b->conns, sizeof *c * (size_t)cap);
+    if (!c)
+      return err_set(ncclSystemError, "out of memory for bootstrap connections");
+    b->conns = c;
+    b->capconns = cap;
+  }
+  struct boot_conn *c = calloc(1, sizeof *c);
+  if (!c)
+    return err_set(ncclSystemError, "out of memory for a bootstrap connection");
+  c->fd = -1; /* closed and dead until it is made */
+  c->peer = -1;
+  c->state = BC_DEAD;
+  b->conns[b->nconns++] = c;
+  *out = c;
   return ncclSuccess;
 }
 
-ncclResult_t bootstrap_create_root_id(ncclUniqueId *out) {
-  struct boot_id id;
-  memset(&id, 0, sizeof id); /* padding too: the id travels as bytes */
-  memcpy(id.magic, id_magic, sizeof id.magic);
-  char ifname[IF_NAMESIZE], a[SOCK_ADDR_STRLEN];
-  union sock_addr bind_addr;
-  CHECK(bootstrap_local_address(&bind_addr, ifname, sizeof ifname));
-  CHECK(util_random(&id.secret, sizeof id.secret));
-  CHECK(bootstrap_root_start(&bind_addr, id.secret, &id.root));
-  INFO(LOG_BOOTSTRAP, "bootstrap root listening on %s (%s)", sock_addr_str(&id.root, a, sizeof a), ifname);
-  memset(out, 0, sizeof *out);
-  memcpy(out->internal, &id, sizeof id);
-  return ncclSuccess;
+static int conn_pending_in(const struct boot_conn *c) {
+  return !c->outgoing && (c->state == BC_CHAL || c->state == BC_PROOF);
 }
 
-ncclResult_t bootstrap_get_unique_id(ncclUniqueId *out) {
-  if (!param_is_set(P_COMM_ID))
-    return bootstrap_create_root_id(out);
-  struct boot_id id;
-  memset(&id, 0, sizeof id); /* padding too: the id travels as bytes */
-  memcpy(id.magic, id_magic, sizeof id.magic);
-  const char *s = param_str(P_COMM_ID);
-  if (sock_parse_addr(s, &id.root) != ncclSuccess) {
-    err_context("NCCL_COMM_ID=%s", s);
-    return ncclInvalidArgument;
-  }
-  /* Every process computes the same id on its own, so the secret can only
-   * come from the address itself. */
-  id.secret = util_hash_str(s, 0x6c6f6f6d);
-  id.fixed = 1;
-  memset(out, 0, sizeof *out);
-  memcpy(out->internal, &id, sizeof id);
-  return ncclSuccess;
-}
+static void set_gone(struct bootstrap *b, int p, int why, const char *text);
 
-int bootstrap_id_is_fixed(const ncclUniqueId *uid) {
-  struct boot_id id;
-  memcpy(&id, uid->internal, sizeof id);
-  return id.fixed != 0;
-}
-
-int bootstrap_id_valid(const ncclUniqueId *uid) {
-  struct boot_id id;
-  memcpy(&id, uid->internal, sizeof id);
-  return memcmp(id.magic, id_magic, sizeof id.magic) == 0 &&
-         (id.root.sa.sa_family == AF_INET || id.root.sa.sa_family == AF_INET6);
-}
-
-const char *bootstrap_id_root(const ncclUniqueId *uid, char *buf, size_t len) {
-  struct boot_id id;
-  memcpy(&id, uid->internal, sizeof id);
-  return sock_addr_str(&id.root, buf, len);
-}
-
-uint64_t bootstrap_id_hash(const ncclUniqueId *uid) { return util_hash(uid->internal, sizeof uid->internal, 0); }
-
-ncclResult_t bootstrap_start_root(const ncclUniqueId *uid) {
-  struct boot_id id;
-  memcpy(&id, uid->internal, sizeof id);
-  char a[SOCK_ADDR_STRLEN];
-  if (bootstrap_root_start(&id.root, id.secret, NULL) != ncclSuccess) {
-    err_context("NCCL_COMM_ID=%s: rank 0 cannot start the bootstrap root there", sock_addr_str(&id.root, a, sizeof a));
-    return ncclSystemError;
-  }
-  INFO(LOG_BOOTSTRAP, "bootstrap root listening on NCCL_COMM_ID %s", a);
-  return ncclSuccess;
-}
-
-/* ---- ranks ---- */
-
-ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const volatile int *abort_flag,
-                            struct bootstrap **out) {
-  struct boot_id id;
-  memcpy(&id, uid->internal, sizeof id);
-  char ifname[IF_NAMESIZE], root_str[SOCK_ADDR_STRLEN], a[SOCK_ADDR_STRLEN];
-  sock_addr_str(&id.root, root_str, sizeof root_str);
-  char root_what[96];
-  snprintf(root_what, sizeof root_what, "the bootstrap root at %s", root_str);
-  struct bootstrap *b = calloc(1, sizeof *b);
-  if (!b)
-    return err_set(ncclSystemError, "out of memory for the bootstrap");
-  b->rank = rank;
-  b->nranks = nranks;
-  b->secret = id.secret;
-  b->listen_fd = -1;
-  b->abort_flag = abort_flag;
-  pthread_mutex_init(&b->lock, NULL);
-  ncclResult_t res;
-  int fd = -1;
-  union sock_addr bind_addr;
-  CHECK_GOTO(bootstrap_local_address(&bind_addr, ifname, sizeof ifname), res, fail);
-  CHECK_GOTO(UTIL_CALLOC(&b->pend, BOOT_MAX_PENDING, "bootstrap connections"), res, fail);
-  CHECK_GOTO(sock_listen(&bind_addr, &b->listen_fd, &b->addr), res, fail);
-  sock_set_nonblocking(b->listen_fd);
-  INFO(LOG_BOOTSTRAP, "bootstrap: rank %d listens on %s (%s), root is %s", rank,
-       sock_addr_str(&b->addr, a, sizeof a), ifname, root_str);
-
-  uint64_t deadline = deadline_from_timeout();
-  CHECK_GOTO(sock_connect(&id.root, deadline, 1, "the bootstrap root", &fd), res, fail);
-  struct root_hello h = {0};
-  memcpy(h.magic, hello_magic, sizeof h.magic);
-  h.secret = id.secret;
-  h.rank = rank;
-  h.nranks = nranks;
-  h.pid = (int)getpid();
-  h.addr = b->addr;
-  gethostname(h.host, sizeof h.host - 1);
-  CHECK_GOTO(sock_send_all(fd, &h, sizeof h, deadline, root_what), res, fail);
-  char raw[sizeof(struct root_reply)];
-  struct root_reply rep;
-  /* The root enforces the join timeout itself and then says who is
-   * missing; waiting a little longer than it lets that sentence arrive. */
-  CHECK_GOTO(sock_recv_all(fd, raw, sizeof raw, deadline + 5 * GREETING_NS, root_what), res, fail);
-  enum boot_verdict v = boot_reply_check(raw, sizeof raw, nranks, &rep);
-  if (v != BOOT_OK) {
-    res = err_set(ncclRemoteError, "the bootstrap root at %s answered with %s", root_str, boot_verdict_str(v));
-    goto fail;
-  }
-  if (rep.status != ncclSuccess) {
-    res = err_set((ncclResult_t)rep.status, "rank %d: the bootstrap root at %s says: %s", rank, root_str, rep.msg);
-    goto fail;
-  }
-  CHECK_GOTO(UTIL_CALLOC(&b->peers, nranks, "bootstrap addresses"), res, fail);
-  CHECK_GOTO(sock_recv_all(fd, b->peers, sizeof *b->peers * nranks, deadline, root_what), res, fail);
-  if (boot_peers_check(b->peers, nranks) != BOOT_OK) {
-    res = err_set(ncclRemoteError, "the bootstrap root at %s sent a rank address that is neither IPv4 nor IPv6",
-                  root_str);
-    goto fail;
-  }
-  close(fd);
-  *out = b;
-  return ncclSuccess;
-fail:
-  if (res != ncclSuccess && strstr(err_thread_last(), "bootstrap") == NULL)
-    err_context("bootstrap of rank %d (root %s)", rank, root_str);
-  if (fd >= 0)
-    close(fd);
-  bootstrap_close(b);
-  return res;
-}
-
-void bootstrap_close(struct bootstrap *b) {
-  if (!b)
+/* Messages that can no longer reach p: their senders fail, and so does a
+ * later wait on p unless another connection with it opens. */
+static void lose(struct bootstrap *b, int p, struct boot_out *list) {
+  if (p < 0 || p >= b->nranks) {
+    boot_out_free(list);
     return;
-  if (b->listen_fd >= 0)
-    close(b->listen_fd);
-  for (int i = 0; i < b->npend; i++)
-    close(b->pend[i].fd);
-  free(b->pend);
-  for (struct boot_stash *s = b->stash, *n; s; s = n) {
-    n = s->next;
-    free(s);
   }
-  free(b->peers);
-  pthread_mutex_destroy(&b->lock);
-  free(b);
+  for (struct boot_out *m = list; m; m = m->next)
+    b->tx[p].failed = LOOM_MAX(b->tx[p].failed, m->serial);
+  if (list && b->gone[p] == GONE_NO)
+    set_gone(b, p, GONE_BROKEN, "the connection that carried a message to it ended before the message was out");
+  boot_out_free(list);
 }
 
-ncclResult_t bootstrap_send(struct bootstrap *b, int peer, uint64_t tag, const void *data, size_t len) {
-  char what[64];
-  snprintf(what, sizeof what, "rank %d's bootstrap listener", peer);
-  uint64_t deadline = deadline_from_timeout();
-  int fd;
-  CHECK(sock_connect(&b->peers[peer], deadline, 0, what, &fd));
-  struct msg_hdr h = {0};
-  memcpy(h.magic, msg_magic, sizeof h.magic);
-  h.secret = b->secret;
-  h.from = b->rank;
-  h.tag = tag;
-  h.len = len;
-  ncclResult_t r = sock_send_all(fd, &h, sizeof h, deadline, what);
-  if (r == ncclSuccess && len > 0)
-    r = sock_send_all(fd, data, len, deadline, what);
-  close(fd);
-  return r;
+/* Closes c; the memory goes at the next sweep. Messages to its peer go on
+ * another open connection with it if there is one; those it still had
+ * are lost (callers that can send them again take them first). */
+static void conn_kill(struct bootstrap *b, struct boot_conn *c) {
+  if (c->state == BC_DEAD && c->fd < 0)
+    return;
+  if (conn_pending_in(c))
+    b->npend_in--;
+  int p = c->peer;
+  lose(b, p, boot_conn_unsent(c));
+  boot_conn_close(c);
+  if (p >= 0 && p < b->nranks && b->by_peer[p] == c) {
+    b->by_peer[p] = NULL;
+    for (int i = 0; i < b->nconns; i++)
+      if (b->conns[i]->peer == p && b->conns[i]->state == BC_OPEN)
+        b->by_peer[p] = b->conns[i];
+  }
 }
 
-static struct boot_stash *stash_take(struct bootstrap *b, int from, uint64_t tag) {
-  for (struct boot_stash **p = &b->stash; *p; p = &(*p)->next) {
-    if ((*p)->from == from && (*p)->tag == tag) {
-      struct boot_stash *s = *p;
-      *p = s->next;
-      return s;
+/* Whether any connection with peer p but `not` is still up. */
+static int peer_has_conn_but(const struct bootstrap *b, int p, const struct boot_conn *not) {
+  for (int i = 0; i < b->nconns; i++)
+    if (b->conns[i]->peer == p && b->conns[i]->state != BC_DEAD && b->conns[i] != not)
+      return 1;
+  return 0;
+}
+
+static int peer_has_conn(const struct bootstrap *b, int p) { return peer_has_conn_but(b, p, NULL); }
+
+static void sweep(struct bootstrap *b, const struct boot_conn *keep) {
+  int k = 0;
+  for (int i = 0; i < b->nconns; i++) {
+    struct boot_conn *c = b->conns[i];
+    if (c->state == BC_DEAD && c != keep)
+      free(c);
+    else
+      b->conns[k++] = c;
+  }
+  b->nconns = k;
+}
+
+static void set_gone(struct bootstrap *b, int p, int why, const char *text) {
+  if (p < 0 || p >= b->nranks)
+    return;
+  b->gone[p] = (uint8_t)why;
+  if (text) {
+    snprintf(b->gone_why, sizeof b->gone_why, "%s", text);
+    b->gone_why_peer = p;
+  }
+}
+
+static ncclResult_t gone_error(struct bootstrap *b, int p) {
+  char a[SOCK_ADDR_STRLEN];
+  sock_addr_str(&b->peers[p].addr, a, sizeof a);
+  switch (b->gone[p]) {
+  case GONE_CLOSED:
+    return err_set(ncclRemoteError,
+                   "rank %d closed its bootstrap connection to rank %d: it exited, or destroyed or aborted its "
+                   "communicator",
+                   p, b->rank);
+  case GONE_REFUSED:
+    return err_set(ncclRemoteError, "rank %d is gone: nothing listens on its bootstrap address %s any more", p, a);
+  case GONE_IMPOSTOR:
+    return err_set(ncclRemoteError,
+                   "the process listening at rank %d's bootstrap address %s does not hold this job's secret: it is "
+                   "not rank %d",
+                   p, a, p);
+  default:
+    return err_set(ncclRemoteError, "rank %d's bootstrap connection with rank %d failed: %s", p, b->rank,
+                   b->gone_why_peer == p ? b->gone_why : "it broke");
+  }
+}
+
+/* Remembers the nonce of a connector that proved itself; *fresh is 0 if
+ * it was seen before (a recorded connection, replayed). */
+static ncclResult_t first_sight(struct bootstrap *b, const uint8_t nonce[32], int *fresh) {
+  *fresh = 0;
+  for (int i = 0; i < b->nseen; i++)
+    if (memcmp(b->seen[i], nonce, 32) == 0)
+      return ncclSuccess;
+  if (b->nseen == b->capseen) {
+    int cap = b->capseen ? 2 * b->capseen : 16;
+    uint8_t(*n)[32] = realloc(b->seen, sizeof *n * (size_t)cap);
+    if (!n)
+      return err_set(ncclSystemError, "out of memory for the bootstrap's record of connections");
+    b->seen = n;
+    b->capseen = cap;
+  }
+  memcpy(b->seen[b->nseen++], nonce, 32);
+  *fresh = 1;
+  return ncclSuccess;
+}
+
+/* The connection messages to p go on: one that has carried nothing yet
+ * (and holds nothing to send) may give way to one that is open. */
+static void prefer(struct bootstrap *b, int p, struct boot_conn *c) {
+  struct boot_conn *cur = b->by_peer[p];
+  if (cur == NULL || (!boot_conn_can_send(cur) && cur->seq_tx == 0 && !cur->txq))
+    b->by_peer[p] = c;
+}
+
+/* Messages a listener dropped unanswered, to go again on the next
+ * connection to p (resend_due). */
+static void resend_later(struct bootstrap *b, int p, struct boot_out *list) {
+  if (!list)
+    return;
+  if (!b->tx[p].resend)
+    b->nresend++;
+  boot_out_append(&b->tx[p].resend, list);
+}
+
+/* One WARN about a stranger, as the flood limit allows (boot_warn_take). */
+#define STRANGER_WARN(b, fmt, ...)                                                                                    \
+  do {                                                                                                                \
+    char more_[128];                                                                                                  \
+    int n_ = boot_warn_take(&(b)->warn);                                                                              \
+    if (n_ > 0)                                                                                                       \
+      WARN(fmt "%s", __VA_ARGS__, boot_warn_more(n_, more_, sizeof more_));                                         \
+  } while (0)
+
+/* What one event on c means for the bootstrap. */
+static ncclResult_t handle(struct bootstrap *b, struct boot_conn *c, enum boot_event ev, struct boot_msg *m,
+                           const char *why) {
+  char a[SOCK_ADDR_STRLEN];
+  int p = c->peer, fresh;
+  switch (ev) {
+  case BE_OPENED:
+    if (!c->outgoing) {
+      b->npend_in--;
+      CHECK(first_sight(b, c->chal.nonce, &fresh));
+      if (!fresh) {
+        STRANGER_WARN(b,
+                      "bootstrap: rank %d refused a connection from %s that claimed to be rank %d: it replayed a "
+                      "connection recorded earlier (its nonce was used before)",
+                      b->rank, boot_conn_peer_str(c, a, sizeof a), p);
+        b->stats.refused++;
+        conn_kill(b, c);
+        break;
+      }
+      b->stats.accepted++;
     }
+    b->gone[p] = GONE_NO;
+    prefer(b, p, c);
+    TRACE(LOG_BOOTSTRAP, "bootstrap: rank %d %s rank %d", b->rank, c->outgoing ? "connected to" : "accepted", p);
+    break;
+  case BE_MSG:
+    *b->stash_tail = m;
+    b->stash_tail = &m->next;
+    b->stats.msgs_recv++;
+    b->stats.bytes_recv += m->len;
+    break;
+  case BE_CLOSED: {
+    int lost = c->txq != NULL;
+    if (lost || !peer_has_conn_but(b, p, c))
+      set_gone(b, p, GONE_CLOSED, NULL);
+    conn_kill(b, c);
+    break;
   }
-  return NULL;
+  case BE_REFUSED:
+    STRANGER_WARN(b, "bootstrap: rank %d refused a connection from %s: it %s", b->rank,
+                  boot_conn_peer_str(c, a, sizeof a), why);
+    b->stats.refused++;
+    conn_kill(b, c);
+    break;
+  case BE_WRONG_SECRET:
+    WARN("bootstrap: rank %d connected to rank %d's address %s, but the process there does not hold this job's secret",
+         b->rank, p, sock_addr_str(&b->peers[p].addr, a, sizeof a));
+    set_gone(b, p, GONE_IMPOSTOR, NULL);
+    conn_kill(b, c);
+    break;
+  case BE_BROKEN: {
+    int was_open = c->state == BC_OPEN;
+    int refused = c->outgoing && !was_open && c->sys_err == ECONNREFUSED;
+    /* Ended before its listener answered: the listener read none of its
+     * messages (it reads them only after the proof, and answers first),
+     * so they go again on a new connection, unless nothing listens. Only
+     * a reset between the listener's answer and its arrival here could
+     * deliver one twice. */
+    struct boot_out *again = c->outgoing && !was_open && !refused ? boot_conn_unsent(c) : NULL;
+    int lost = c->txq != NULL || c->held != NULL;
+    if (c->tampered)
+      WARN("bootstrap: rank %d dropped its connection with rank %d: %s", b->rank, p, why);
+    /* Refused: nothing listens there, the rank is gone. A handshake cut
+     * off is not that: its listener may have been busy, and the next wait
+     * connects again. */
+    if (refused)
+      set_gone(b, p, GONE_REFUSED, NULL);
+    else if (was_open && (lost || !peer_has_conn_but(b, p, c)))
+      set_gone(b, p, GONE_BROKEN, why);
+    conn_kill(b, c);
+    resend_later(b, p, again);
+    break;
+  }
+  default:
+    break;
+  }
+  return ncclSuccess;
 }
 
-static ncclResult_t deliver(struct boot_stash *s, int peer, uint64_t tag, void *data, size_t len) {
-  ncclResult_t r = ncclSuccess;
-  if (s->len != len)
-    r = err_set(ncclInvalidUsage,
-                "rank %d sent %zu bytes of bootstrap data (tag %llx) where %zu were expected: the ranks disagree "
-                "about the operation",
-                peer, s->len, (unsigned long long)tag, len);
-  else
-    memcpy(data, s->data, len);
-  free(s);
-  return r;
+/* What c has written whole counts for the senders waiting on it. */
+static void note_written(struct bootstrap *b, const struct boot_conn *c) {
+  if (c->peer >= 0 && c->peer < b->nranks && c->wrote > b->tx[c->peer].written)
+    b->tx[c->peer].written = c->wrote;
 }
 
-static void pend_drop(struct bootstrap *b, int i, const char *why) {
-  WARN("bootstrap: rank %d dropped a connection that %s", b->rank, why);
-  close(b->pend[i].fd);
-  b->pend[i] = b->pend[--b->npend];
+/* Runs c until it has nothing more to say. */
+static ncclResult_t drain(struct bootstrap *b, struct boot_conn *c, short revents) {
+  char why[256];
+  while (c->state != BC_DEAD) {
+    enum boot_event ev;
+    struct boot_msg *m;
+    CHECK(boot_conn_step(c, revents, &ev, &m, why, sizeof why));
+    note_written(b, c);
+    if (ev == BE_NONE)
+      return ncclSuccess;
+    CHECK(handle(b, c, ev, m, why));
+    revents = 0;
+  }
+  if (c->fd >= 0) {
+    /* Failed as it started (a connect refused at once). */
+    enum boot_event ev;
+    struct boot_msg *m;
+    CHECK(boot_conn_step(c, 0, &ev, &m, why, sizeof why));
+    CHECK(handle(b, c, ev, m, why));
+  }
+  return ncclSuccess;
 }
 
-/* The rest of a message whose header has passed: it comes from a rank of
- * this job, so it is read to the end, bounded by LOOM_TIMEOUT. */
-static ncclResult_t read_body(struct bootstrap *b, int fd, const struct msg_hdr *h, struct boot_stash **out) {
-  struct boot_stash *s = malloc(sizeof *s + h->len);
-  if (!s)
-    return err_set(ncclSystemError, "out of memory for a %llu-byte bootstrap message", (unsigned long long)h->len);
-  s->from = h->from;
-  s->tag = h->tag;
-  s->len = h->len;
-  s->next = NULL;
-  char what[48];
-  snprintf(what, sizeof what, "rank %d", h->from);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  ncclResult_t r = sock_recv_all(fd, s->data, h->len, deadline_from_timeout(), what);
+/* A new connection to peer, carrying `list` (may be NULL) first. */
+static ncclResult_t conn_open(struct bootstrap *b, int peer, struct boot_out *list) {
+  struct boot_conn *c;
+  ncclResult_t r = boot_peer_check(&b->peers[peer]) == BOOT_OK
+                       ? ncclSuccess
+                       : err_set(ncclInternalError, "rank %d does not know rank %d's bootstrap address yet", b->rank,
+                                 peer);
+  if (r == ncclSuccess)
+    r = conn_new(b, &c);
+  if (r == ncclSuccess)
+    r = boot_conn_connect(c, &b->peers[peer].addr, -1, b->key, b->rank, peer, b->nranks, b->peers[peer].nonce);
   if (r != ncclSuccess) {
-    free(s);
+    lose(b, peer, list);
     return r;
   }
-  *out = s;
+  boot_conn_requeue(c, list);
+  b->stats.opened++;
+  prefer(b, peer, c);
+  return drain(b, c, 0);
+}
+
+/* Sends again what listeners dropped unanswered: on the connection
+ * messages to the peer go on, or a new one; at most once a slice per
+ * peer, so that a listener that keeps dropping us is not hammered. */
+static ncclResult_t resend_due(struct bootstrap *b) {
+  uint64_t now = time_ns();
+  for (int p = 0; p < b->nranks && b->nresend > 0; p++) {
+    struct boot_tx *t = &b->tx[p];
+    if (!t->resend || now < t->resend_at)
+      continue;
+    struct boot_out *list = t->resend;
+    t->resend = NULL;
+    b->nresend--;
+    t->resend_at = now + ALIVE_NS;
+    if (b->gone[p] == GONE_REFUSED || b->gone[p] == GONE_IMPOSTOR) {
+      lose(b, p, list);
+      continue;
+    }
+    TRACE(LOG_BOOTSTRAP, "bootstrap: rank %d sends again to rank %d what a connection it dropped unanswered held",
+          b->rank, p);
+    struct boot_conn *c = b->by_peer[p];
+    if (c) {
+      boot_conn_requeue(c, list);
+      CHECK(drain(b, c, 0));
+    } else {
+      CHECK(conn_open(b, p, list));
+    }
+  }
   return ncclSuccess;
 }
 
-/* Reads what pending connection i has sent; a complete message goes to
- * *out. Garbage, another job's secret and pings end the connection. */
-static ncclResult_t pend_read(struct bootstrap *b, int i, struct boot_stash **out) {
-  struct boot_pending *p = &b->pend[i];
-  ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-    return ncclSuccess;
-  if (n <= 0) {
-    pend_drop(b, i, "closed before it sent a whole message header");
-    return ncclSuccess;
+/* With the table of greetings full: the one silent longest, if it has
+ * been silent for BOOT_IDLE_NS; NULL when every one is moving on. */
+static struct boot_conn *idle_victim(const struct bootstrap *b, uint64_t now) {
+  struct boot_conn *victim = NULL;
+  for (int i = 0; i < b->nconns; i++) {
+    struct boot_conn *c = b->conns[i];
+    if (conn_pending_in(c) && now - c->last_rx >= BOOT_IDLE_NS && (!victim || c->last_rx < victim->last_rx))
+      victim = c;
   }
-  p->got += (size_t)n;
-  struct msg_hdr h;
-  enum boot_verdict v = boot_msg_check(&p->h, p->got, b->secret, b->nranks, &h);
-  if (v == BOOT_SHORT)
-    return ncclSuccess;
-  if (v != BOOT_OK) {
-    char why[96];
-    snprintf(why, sizeof why, "sent %s: it is not from a rank of this communicator", boot_verdict_str(v));
-    pend_drop(b, i, why);
-    return ncclSuccess;
-  }
-  int fd = p->fd;
-  b->pend[i] = b->pend[--b->npend];
-  ncclResult_t r = h.tag == BOOT_TAG_PING ? ncclSuccess /* a peer checking that this process is alive */
-                                          : read_body(b, fd, &h, out);
-  close(fd);
-  return r;
+  return victim;
 }
 
-/* Takes every connection waiting on the listener. A full table makes
- * room by dropping the connection that has said least for longest; each
- * new one is read at once, since a rank sends as soon as it connects. */
-static ncclResult_t accept_new(struct bootstrap *b, struct boot_stash **out) {
-  while (*out == NULL) {
+/* Takes the connections waiting while there is room; a full table makes
+ * room only by dropping a greeting that has gone silent, and otherwise
+ * the rest wait in the kernel's queue. */
+static ncclResult_t accept_new(struct bootstrap *b) {
+  for (;;) {
+    struct boot_conn *victim = NULL;
+    if (b->npend_in >= b->max_pending && (victim = idle_victim(b, time_ns())) == NULL)
+      return ncclSuccess;
     int fd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
@@ -312,111 +389,259 @@ static ncclResult_t accept_new(struct bootstrap *b, struct boot_stash **out) {
       return err_set(ncclSystemError, "rank %d: accept on its bootstrap listener failed: %s", b->rank,
                      strerror(errno));
     }
-    if (b->npend == BOOT_MAX_PENDING) {
-      int victim = 0;
-      for (int i = 1; i < b->npend; i++)
-        if (b->pend[i].got < b->pend[victim].got ||
-            (b->pend[i].got == b->pend[victim].got && b->pend[i].until < b->pend[victim].until))
-          victim = i;
-      pend_drop(b, victim, "was still incomplete when too many connections were waiting");
+    if (victim) {
+      char a[SOCK_ADDR_STRLEN];
+      STRANGER_WARN(b,
+                    "bootstrap: rank %d dropped a connection from %s that had been silent, in the middle of its "
+                    "greeting, when too many were waiting",
+                    b->rank, boot_conn_peer_str(victim, a, sizeof a));
+      conn_kill(b, victim);
     }
-    b->pend[b->npend++] = (struct boot_pending){.fd = fd, .until = time_ns() + GREETING_NS};
-    CHECK(pend_read(b, b->npend - 1, out));
+    struct boot_conn *c;
+    ncclResult_t r = conn_new(b, &c);
+    if (r != ncclSuccess) {
+      close(fd);
+      return r;
+    }
+    /* A rank sends its challenge and proof together, as it connects. */
+    boot_conn_accepted(c, fd, b->key, b->rank, b->nranks, time_ns() + GREETING_NS, b->nonce);
+    b->npend_in++;
+    CHECK(drain(b, c, 0));
   }
-  return ncclSuccess;
 }
 
-/* Waits until `until` for connections and reads all of them at once; the
- * first complete message goes to *out (NULL when none came). */
-static ncclResult_t listen_step(struct bootstrap *b, uint64_t until, struct boot_stash **out) {
-  *out = NULL;
+/* Waits until `until` (at most) for anything on the listener and the
+ * connections, and handles all of it. `keep` (may be NULL) is a
+ * connection the caller holds, freed by it and not here. */
+static ncclResult_t progress(struct bootstrap *b, uint64_t until, struct boot_conn *keep) {
+  if (b->nresend > 0)
+    CHECK(resend_due(b));
   uint64_t now = time_ns(), wake = until;
-  for (int i = 0; i < b->npend; i++) {
-    if (b->pend[i].until <= now) {
-      pend_drop(b, i--, "said nothing whole for 2 s");
+  int full = b->npend_in >= b->max_pending;
+  for (int i = 0; i < b->nconns; i++) {
+    struct boot_conn *c = b->conns[i];
+    if (!conn_pending_in(c))
+      continue;
+    if (c->until <= now) {
+      char a[SOCK_ADDR_STRLEN];
+      STRANGER_WARN(b,
+                    "bootstrap: rank %d dropped a connection from %s that said nothing for 2 s in the middle of its "
+                    "greeting (or took 10 s for all of it)",
+                    b->rank, boot_conn_peer_str(c, a, sizeof a));
+      conn_kill(b, c);
       continue;
     }
-    wake = LOOM_MIN(wake, b->pend[i].until);
+    wake = LOOM_MIN(wake, c->until);
+    if (full)
+      wake = LOOM_MIN(wake, c->last_rx + BOOT_IDLE_NS);
   }
-  struct pollfd pfd[BOOT_MAX_PENDING + 1];
-  pfd[0] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
-  for (int i = 0; i < b->npend; i++)
-    pfd[i + 1] = (struct pollfd){.fd = b->pend[i].fd, .events = POLLIN};
-  int nfds = b->npend + 1;
-  int ms = wake > now ? (int)((wake - now) / 1000000) + 1 : 0;
-  if (poll(pfd, (nfds_t)nfds, ms) <= 0)
-    return ncclSuccess;
-  /* Reading reorders pend[] (the last entry fills a hole), so walk
-   * backwards over the entries that were polled. */
-  for (int i = nfds - 2; i >= 0 && *out == NULL; i--)
-    if (pfd[i + 1].revents)
-      CHECK(pend_read(b, i, out));
-  if (*out == NULL && (pfd[0].revents & POLLIN))
-    CHECK(accept_new(b, out));
+  /* A full table with nothing to drop leaves new connections in the
+   * kernel's queue, unpolled (they would wake every poll). */
+  full = b->npend_in >= b->max_pending && idle_victim(b, now) == NULL;
+  int need = b->nconns + 1;
+  if (need > b->cappoll) {
+    int cap = LOOM_MAX(need, 2 * b->cappoll);
+    struct pollfd *p = realloc(b->pfd, sizeof *p * (size_t)cap);
+    if (p)
+      b->pfd = p;
+    struct boot_conn **q = realloc(b->pconn, sizeof *q * (size_t)cap);
+    if (q)
+      b->pconn = q;
+    if (!p || !q)
+      return err_set(ncclSystemError, "out of memory polling %d bootstrap connections", need);
+    b->cappoll = cap;
+  }
+  int n = 0;
+  b->pfd[n++] = (struct pollfd){.fd = b->listen_fd, .events = full ? 0 : POLLIN};
+  for (int i = 0; i < b->nconns; i++) {
+    struct boot_conn *c = b->conns[i];
+    if (c->state == BC_DEAD)
+      continue;
+    b->pconn[n] = c;
+    b->pfd[n++] = (struct pollfd){.fd = c->fd, .events = boot_conn_events(c)};
+  }
+  uint64_t ms = wake > now ? (wake - now) / 1000000 + 1 : 0;
+  int ready = poll(b->pfd, (nfds_t)n, ms > 100 ? 100 : (int)ms);
+  for (int i = 1; ready > 0 && i < n; i++)
+    if (b->pfd[i].revents)
+      CHECK(drain(b, b->pconn[i], b->pfd[i].revents));
+  if (ready > 0 && (b->pfd[0].revents & POLLIN))
+    CHECK(accept_new(b));
+  sweep(b, keep);
   return ncclSuccess;
 }
 
-/* A process that has exited leaves nothing listening on its bootstrap
- * address, whatever host it was on; a probe that gets through says hello
- * and goes, and one that cannot tell (a silent host) proves nothing. */
-static ncclResult_t probe(struct bootstrap *b, int peer) {
-  int fd = sock_probe(&b->peers[peer], time_ns() + GREETING_NS);
-  if (fd == -ECONNREFUSED) {
-    char a[SOCK_ADDR_STRLEN];
-    return err_set(ncclRemoteError, "rank %d is gone: nothing listens on its bootstrap address %s any more", peer,
-                   sock_addr_str(&b->peers[peer], a, sizeof a));
-  }
-  if (fd >= 0) {
-    struct msg_hdr h = {0};
-    memcpy(h.magic, msg_magic, sizeof h.magic);
-    h.secret = b->secret;
-    h.from = b->rank;
-    h.tag = BOOT_TAG_PING;
-    sock_send_all(fd, &h, sizeof h, time_ns() + GREETING_NS, "a probed rank");
-    close(fd);
+/* ---- waits ---- */
+
+struct wait {
+  uint64_t deadline, next_alive;
+  int peer;
+  const char *doing; /* "for bootstrap data from", "to send bootstrap data to" */
+};
+
+static void wait_start(struct wait *w, int peer, const char *doing) {
+  uint64_t now = time_ns();
+  w->deadline = deadline_from_timeout();
+  w->next_alive = now + ALIVE_NS;
+  w->peer = peer;
+  w->doing = doing;
+}
+
+/* What ends any wait early: an abort, the deadline, a dead peer. */
+static ncclResult_t wait_check(struct bootstrap *b, struct wait *w) {
+  /* Set by ncclCommAbort on another thread. */
+  if (b->abort_flag && __atomic_load_n(b->abort_flag, __ATOMIC_ACQUIRE))
+    return err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", w->peer);
+  uint64_t now = time_ns();
+  if (now >= w->deadline)
+    return err_set(ncclRemoteError, "rank %d waited LOOM_TIMEOUT=%llds %s rank %d", b->rank,
+                   (long long)timeout_seconds(), w->doing, w->peer);
+  if (b->alive && now >= w->next_alive) {
+    w->next_alive = now + ALIVE_NS;
+    CHECK(b->alive(b->alive_ctx, w->peer));
   }
   return ncclSuccess;
+}
+
+static uint64_t slice(const struct wait *w) { return LOOM_MIN(w->deadline, time_ns() + ALIVE_NS); }
+
+/* A connection to peer that takes messages, made if there is none. */
+static ncclResult_t wait_open(struct bootstrap *b, struct wait *w, struct boot_conn **out) {
+  uint64_t next_try = 0;
+  for (;;) {
+    struct boot_conn *c = b->by_peer[w->peer];
+    if (c && boot_conn_can_send(c)) {
+      *out = c;
+      return ncclSuccess;
+    }
+    if (b->gone[w->peer] != GONE_NO && !c)
+      return gone_error(b, w->peer);
+    CHECK(wait_check(b, w));
+    if (!c && time_ns() >= next_try) {
+      /* Once per slice at most: a listener that cuts us off while full
+       * of strangers is not hammered. */
+      next_try = time_ns() + ALIVE_NS;
+      CHECK(conn_open(b, w->peer, NULL));
+      continue;
+    }
+    CHECK(progress(b, slice(w), NULL));
+  }
+}
+
+/* ---- messages ---- */
+
+static ncclResult_t stash_self(struct bootstrap *b, uint64_t tag, const void *data, size_t len) {
+  struct boot_msg *m = malloc(sizeof *m + len);
+  if (!m)
+    return err_set(ncclSystemError, "out of memory for a %zu-byte bootstrap message", len);
+  m->next = NULL;
+  m->from = b->rank;
+  m->tag = tag;
+  m->len = len;
+  if (len > 0)
+    memcpy(m->data, data, len);
+  *b->stash_tail = m;
+  b->stash_tail = &m->next;
+  return ncclSuccess;
+}
+
+static ncclResult_t send_locked(struct bootstrap *b, int peer, uint64_t tag, const void *data, size_t len) {
+  if (peer == b->rank)
+    return stash_self(b, tag, data, len);
+  struct boot_tx *t = &b->tx[peer];
+  struct wait w;
+  wait_start(&w, peer, "to send bootstrap data to");
+  uint64_t serial = t->serial + 1;
+  if (t->resend) {
+    /* Behind those that go again, in order. */
+    struct boot_out *m;
+    CHECK(boot_out_new(serial, tag, data, len, &m));
+    boot_out_append(&t->resend, m);
+    t->serial = serial;
+  } else {
+    struct boot_conn *c = NULL;
+    CHECK(wait_open(b, &w, &c));
+    CHECK(boot_conn_queue(c, serial, tag, data, len));
+    t->serial = serial;
+    CHECK(drain(b, c, 0));
+  }
+  /* Until the kernel has it all (the connection keeps a copy until the
+   * listener answers): meanwhile this rank reads whatever comes, so two
+   * ranks that fill each other's sockets both move on. A send that fails
+   * here may still go out later with the rest of its connection's queue;
+   * the bootstrap is failed by then anyway. */
+  for (;;) {
+    if (t->written >= serial) {
+      b->stats.msgs_sent++;
+      b->stats.bytes_sent += len;
+      return ncclSuccess;
+    }
+    if (t->failed >= serial)
+      return gone_error(b, peer);
+    CHECK(wait_check(b, &w));
+    CHECK(progress(b, slice(&w), NULL));
+  }
+}
+
+ncclResult_t bootstrap_send(struct bootstrap *b, int peer, uint64_t tag, const void *data, size_t len) {
+  pthread_mutex_lock(&b->lock);
+  ncclResult_t r = send_locked(b, peer, tag, data, len);
+  pthread_mutex_unlock(&b->lock);
+  return r;
+}
+
+static struct boot_msg *stash_take(struct bootstrap *b, int from, uint64_t tag) {
+  for (struct boot_msg **p = &b->stash; *p; p = &(*p)->next) {
+    if ((*p)->from == from && (*p)->tag == tag) {
+      struct boot_msg *m = *p;
+      *p = m->next;
+      if (b->stash_tail == &m->next)
+        b->stash_tail = p;
+      return m;
+    }
+  }
+  return NULL;
+}
+
+static ncclResult_t deliver(struct boot_msg *m, int peer, uint64_t tag, void *data, size_t len) {
+  ncclResult_t r = ncclSuccess;
+  if (m->len != len)
+    r = err_set(ncclInvalidUsage,
+                "rank %d sent %zu bytes of bootstrap data (tag %llx) where %zu were expected: the ranks disagree "
+                "about the operation",
+                peer, m->len, (unsigned long long)tag, len);
+  else if (len > 0)
+    memcpy(data, m->data, len);
+  free(m);
+  return r;
+}
+
+static ncclResult_t recv_locked(struct bootstrap *b, int peer, uint64_t tag, void *data, size_t len) {
+  struct wait w;
+  wait_start(&w, peer, "for bootstrap data from");
+  uint64_t probe_at = time_ns() + PROBE_NS;
+  for (;;) {
+    struct boot_msg *m = stash_take(b, peer, tag);
+    if (m)
+      return deliver(m, peer, tag, data, len);
+    if (peer != b->rank && b->gone[peer] != GONE_NO && !peer_has_conn(b, peer))
+      return gone_error(b, peer);
+    CHECK(wait_check(b, &w));
+    /* A peer this rank has no connection with could have died where no
+     * liveness callback sees it (another host): a connection says, by
+     * being refused, or by closing when it dies. */
+    if (peer != b->rank && b->by_peer[peer] == NULL && time_ns() >= probe_at) {
+      probe_at = time_ns() + PROBE_NS;
+      CHECK(conn_open(b, peer, NULL));
+      continue;
+    }
+    CHECK(progress(b, slice(&w), NULL));
+  }
 }
 
 ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *data, size_t len) {
   pthread_mutex_lock(&b->lock);
-  ncclResult_t r = ncclSuccess;
-  struct boot_stash *s = stash_take(b, peer, tag);
-  uint64_t deadline = deadline_from_timeout();
-  uint64_t next_check = time_ns() + 100000000ull, next_probe = time_ns() + 1000000000ull;
-  while (s == NULL) {
-    /* Set by ncclCommAbort on another thread. */
-    if (b->abort_flag && __atomic_load_n(b->abort_flag, __ATOMIC_ACQUIRE)) {
-      r = err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", peer);
-      goto out;
-    }
-    uint64_t now = time_ns();
-    if (now >= deadline) {
-      r = err_set(ncclRemoteError, "rank %d waited LOOM_TIMEOUT=%llds for bootstrap data from rank %d", b->rank,
-                  (long long)timeout_seconds(), peer);
-      goto out;
-    }
-    if (b->alive && now >= next_check) {
-      next_check = now + 100000000ull;
-      CHECK_GOTO(b->alive(b->alive_ctx, peer), r, out);
-    }
-    if (now >= next_probe) {
-      next_probe = now + 1000000000ull;
-      CHECK_GOTO(probe(b, peer), r, out);
-    }
-    struct boot_stash *m = NULL;
-    CHECK_GOTO(listen_step(b, LOOM_MIN(deadline, now + 100000000ull), &m), r, out);
-    if (m == NULL)
-      continue;
-    if (m->from == peer && m->tag == tag) {
-      s = m;
-    } else {
-      m->next = b->stash;
-      b->stash = m;
-    }
-  }
-  r = deliver(s, peer, tag, data, len);
-out:
+  ncclResult_t r = recv_locked(b, peer, tag, data, len);
   pthread_mutex_unlock(&b->lock);
   return r;
 }
@@ -440,10 +665,48 @@ ncclResult_t bootstrap_barrier(struct bootstrap *b) {
   int n = b->nranks, me = b->rank;
   uint64_t base = BOOT_TAG_INTERNAL | (b->seq++ << 20);
   char token = 0;
-  /* Dissemination: log2(n) rounds. */
+  /* Dissemination: log2(n) rounds, a connection to each of log2(n) peers. */
   for (int k = 1, round = 0; k < n; k <<= 1, round++) {
     CHECK(bootstrap_send(b, (me + k) % n, base | (uint64_t)round, &token, 1));
     CHECK(bootstrap_recv(b, (me - k + n) % n, base | (uint64_t)round, &token, 1));
   }
   return ncclSuccess;
+}
+
+void bootstrap_close(struct bootstrap *b) {
+  if (!b)
+    return;
+  if (b->peers)
+    INFO(LOG_BOOTSTRAP,
+         "bootstrap: rank %d closes: %d connection(s) opened, %d accepted, %d refused; %llu messages (%llu bytes) "
+         "sent, %llu (%llu bytes) received",
+         b->rank, b->stats.opened, b->stats.accepted, b->stats.refused, (unsigned long long)b->stats.msgs_sent,
+         (unsigned long long)b->stats.bytes_sent, (unsigned long long)b->stats.msgs_recv,
+         (unsigned long long)b->stats.bytes_recv);
+  if (b->warn.held > 0)
+    WARN("bootstrap: rank %d: %d more connection(s) refused or dropped, not logged one by one", b->rank,
+         b->warn.held);
+  if (b->listen_fd >= 0)
+    close(b->listen_fd);
+  for (int i = 0; i < b->nconns; i++) {
+    boot_conn_close(b->conns[i]);
+    free(b->conns[i]);
+  }
+  for (int p = 0; b->tx && p < b->nranks; p++)
+    boot_out_free(b->tx[p].resend);
+  free(b->tx);
+  free(b->conns);
+  free(b->pfd);
+  free(b->pconn);
+  for (struct boot_msg *m = b->stash, *n; m; m = n) {
+    n = m->next;
+    free(m);
+  }
+  free(b->peers);
+  free(b->seen);
+  free(b->by_peer);
+  free(b->gone);
+  pthread_mutex_destroy(&b->lock);
+  boot_cleanse(b->key, sizeof b->key);
+  free(b);
 }

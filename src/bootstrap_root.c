@@ -1,16 +1,24 @@
 /*
  * The bootstrap root: a thread of the process that called ncclGetUniqueId
- * (or of rank 0 with NCCL_COMM_ID). It collects every rank's greeting and
- * answers them all with the table of addresses once the last has joined.
+ * (or of rank 0 with NCCL_COMM_ID). Each rank proves the job's secret
+ * (bootstrap_conn.c) and says hello; once the last has, the root tells each
+ * rank where the next one listens, and ends.
  *
  * Greetings are read from all open connections at once, so a connection
- * that says nothing (or garbage) costs nobody else any time. A job whose
- * ranks disagree on nranks is failed at once, for every rank that joined
- * and every one that joins later, with the sentence that says so.
+ * that says nothing (or garbage) costs nobody else any time; one that
+ * cannot prove the secret is refused with a WARN that says so. At most
+ * max_pending greetings are read at once: past that, the root takes a
+ * new connection only in place of one that has been silent for
+ * BOOT_IDLE_NS, and otherwise leaves the rest in the kernel's listen
+ * queue until a greeting completes, so ranks that join all at once wait
+ * their turn rather than push each other out (a rank that is dropped
+ * anyway joins again: bootstrap_join.c). A job whose ranks disagree on
+ * nranks is failed at once, for every rank that joined and every one that
+ * joins later, with the sentence that says so.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "bootstrap_wire.h"
+#include "bootstrap_conn.h"
 #include "misc/utils.h"
 
 #include <errno.h>
@@ -22,107 +30,110 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PENDING BOOT_MAX_PENDING
-
-struct greeting {
-  int fd;
-  uint64_t until;
-  size_t got;
-  struct root_hello h;
-};
-
 struct root {
   int listen_fd;
-  uint64_t secret;
+  uint8_t key[BOOT_KEY];
   char where[SOCK_ADDR_STRLEN];
   int nranks, joined, first_rank;
-  int *fds;
-  union sock_addr *addrs;
+  struct boot_conn **conns; /* the joined ranks', by rank */
+  struct boot_peer *peers;
   struct root_hello *hellos;
+  int *order; /* the order ranks are answered in (answer_order) */
   /* Once set, the job cannot form: everyone is told this. */
   ncclResult_t failed;
-  char failed_msg[512];
-  struct greeting pend[MAX_PENDING];
-  int npend;
+  char failed_msg[BOOT_REPLY_MSG_MAX];
+  struct boot_conn **pend; /* still greeting */
+  int npend, max_pending;
+  struct pollfd *pfd;
   /* LOOM_TIMEOUT, read by the thread that starts the root: the root's own
    * thread never reads the environment, which the program may be changing
    * meanwhile (setenv beside getenv can crash). */
   int64_t timeout_s;
+  uint64_t sent, received;
+  int refused;
+  struct boot_warn warn; /* strangers logged */
 };
 
-static void reply_error(int fd, ncclResult_t status, const char *msg) {
-  struct root_reply r = {0};
-  memcpy(r.magic, reply_magic, sizeof r.magic);
-  r.status = status;
-  snprintf(r.msg, sizeof r.msg, "%s", msg);
-  sock_send_all(fd, &r, sizeof r, time_ns() + GREETING_NS, "a joining rank");
-  close(fd);
+static void conn_done(struct root *rt, struct boot_conn *c) {
+  rt->sent += c->bytes_out;
+  rt->received += c->bytes_in;
+  boot_conn_close(c);
+  free(c);
+}
+
+/* A failure, said over the rank's authenticated connection, which then
+ * closes. */
+static void reply_error(struct root *rt, struct boot_conn *c, ncclResult_t status, const char *msg) {
+  struct {
+    struct root_reply r;
+    char msg[BOOT_REPLY_MSG_MAX];
+  } rep;
+  memset(&rep, 0, sizeof rep);
+  rep.r.status = status;
+  rep.r.nranks = rt->nranks;
+  snprintf(rep.msg, sizeof rep.msg, "%s", msg);
+  size_t len = sizeof rep.r + strlen(rep.msg);
+  if (boot_conn_send_wait(c, BOOT_TAG_REPLY, &rep, len, time_ns() + GREETING_NS, "a joining rank") != ncclSuccess)
+    WARN("bootstrap root at %s: could not tell rank %d why it was refused: %s", rt->where, c->peer, err_thread_last());
+  conn_done(rt, c);
+}
+
+/* The root may live in a rank's process: a rank there that has its answer
+ * may return and exit, taking the root with it, so ranks elsewhere are
+ * answered first. Made once, when the answers start: O(nranks). */
+static int answer_order(struct root *rt, int k) {
+  if (!rt->order) {
+    rt->order = malloc(sizeof *rt->order * (size_t)rt->nranks);
+    if (!rt->order)
+      return k; /* out of memory: rank order still answers everyone */
+    int pid = (int)getpid(), n = 0;
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < rt->nranks; i++)
+        if ((rt->hellos[i].pid == pid) == (pass == 1))
+          rt->order[n++] = i;
+  }
+  return rt->order[k];
 }
 
 /* Tells every rank that joined, and all that come later, that the job
  * cannot form. */
-/* The root may live in a rank's process: a rank there that has its answer
- * may return and exit, taking the root with it, so ranks elsewhere are
- * answered first. */
-static int answer_order(const struct root *rt, int k) {
-  int pid = (int)getpid(), n = 0;
-  for (int pass = 0; pass < 2; pass++)
-    for (int i = 0; i < rt->nranks; i++)
-      if ((rt->hellos[i].pid == pid) == (pass == 1) && n++ == k)
-        return i;
-  return -1;
-}
-
 static void fail_job(struct root *rt, ncclResult_t code, const char *msg) {
   WARN("bootstrap root at %s: %s", rt->where, msg);
   rt->failed = code;
   snprintf(rt->failed_msg, sizeof rt->failed_msg, "%s", msg);
   for (int k = 0; k < rt->nranks; k++) {
     int i = answer_order(rt, k);
-    if (rt->fds[i] >= 0)
-      reply_error(rt->fds[i], code, msg);
-    rt->fds[i] = -1;
+    if (rt->conns[i])
+      reply_error(rt, rt->conns[i], code, msg);
+    rt->conns[i] = NULL;
   }
   rt->joined = 0;
 }
 
-static int first_join(struct root *rt, const struct root_hello *h, int fd) {
-  if (h->nranks < 1 || h->nranks > (1 << 20)) {
-    reply_error(fd, ncclInvalidArgument, "nranks out of range");
-    return 0;
-  }
+static int first_join(struct root *rt, const struct root_hello *h) {
   rt->nranks = h->nranks;
   rt->first_rank = h->rank;
-  rt->fds = malloc(sizeof *rt->fds * rt->nranks);
-  rt->addrs = calloc(rt->nranks, sizeof *rt->addrs);
+  rt->conns = calloc(rt->nranks, sizeof *rt->conns);
+  rt->peers = calloc(rt->nranks, sizeof *rt->peers);
   rt->hellos = calloc(rt->nranks, sizeof *rt->hellos);
-  if (!rt->fds || !rt->addrs || !rt->hellos) {
+  if (!rt->conns || !rt->peers || !rt->hellos) {
     WARN("bootstrap root: out of memory for %d ranks", rt->nranks);
-    close(fd);
     return -1;
   }
-  for (int i = 0; i < rt->nranks; i++)
-    rt->fds[i] = -1;
   return 1;
 }
 
-/* A complete greeting: admit the rank or say why not. -1: give up. */
-static int admit(struct root *rt, struct root_hello *h, int fd) {
-  char msg[512];
-  if (h->secret != rt->secret) {
-    WARN("bootstrap root at %s: refused rank %d from %s pid %d: its unique id is another job's", rt->where, h->rank,
-         h->host, h->pid);
-    reply_error(fd, ncclInvalidUsage, "the unique id does not match this root's: it belongs to another communicator or job");
-    return 0;
-  }
+/* A rank that proved the secret and said hello: admit it or say why not.
+ * -1: give up. */
+static int admit(struct root *rt, struct root_hello *h, struct boot_conn *c) {
+  char msg[BOOT_REPLY_MSG_MAX];
   if (rt->failed != ncclSuccess) {
-    reply_error(fd, rt->failed, rt->failed_msg);
+    reply_error(rt, c, rt->failed, rt->failed_msg);
     return 0;
   }
-  if (rt->nranks < 0) {
-    int r = first_join(rt, h, fd);
-    if (r <= 0)
-      return r;
+  if (rt->nranks < 0 && first_join(rt, h) < 0) {
+    conn_done(rt, c);
+    return -1;
   }
   if (h->nranks != rt->nranks) {
     const struct root_hello *f = &rt->hellos[rt->first_rank];
@@ -130,22 +141,19 @@ static int admit(struct root *rt, struct root_hello *h, int fd) {
              "rank %d (%s pid %d) says nranks=%d but rank %d (%s pid %d), the first to join, says nranks=%d: "
              "every rank must pass the same nranks",
              h->rank, h->host, h->pid, h->nranks, rt->first_rank, f->host, f->pid, rt->nranks);
-    reply_error(fd, ncclInvalidUsage, msg);
+    reply_error(rt, c, ncclInvalidUsage, msg);
     fail_job(rt, ncclInvalidUsage, msg);
     return 0;
   }
-  if (h->rank < 0 || h->rank >= rt->nranks || rt->fds[h->rank] >= 0) {
-    if (h->rank >= 0 && h->rank < rt->nranks)
-      snprintf(msg, sizeof msg, "rank %d joined twice: first from %s pid %d, then from %s pid %d", h->rank,
-               rt->hellos[h->rank].host, rt->hellos[h->rank].pid, h->host, h->pid);
-    else
-      snprintf(msg, sizeof msg, "rank %d is out of range for nranks=%d", h->rank, rt->nranks);
+  if (rt->conns[h->rank] != NULL) {
+    snprintf(msg, sizeof msg, "rank %d joined twice: first from %s pid %d, then from %s pid %d", h->rank,
+             rt->hellos[h->rank].host, rt->hellos[h->rank].pid, h->host, h->pid);
     WARN("bootstrap root at %s: %s", rt->where, msg);
-    reply_error(fd, ncclInvalidUsage, msg);
+    reply_error(rt, c, ncclInvalidUsage, msg);
     return 0;
   }
-  rt->fds[h->rank] = fd;
-  rt->addrs[h->rank] = h->addr;
+  rt->conns[h->rank] = c;
+  rt->peers[h->rank] = h->me;
   rt->hellos[h->rank] = *h;
   rt->joined++;
   TRACE(LOG_BOOTSTRAP, "bootstrap root: rank %d of %d joined from %s pid %d", h->rank, rt->nranks, h->host, h->pid);
@@ -153,63 +161,99 @@ static int admit(struct root *rt, struct root_hello *h, int fd) {
 }
 
 static void drop(struct root *rt, int i, const char *why) {
-  WARN("bootstrap root at %s: dropped a connection that %s", rt->where, why);
-  close(rt->pend[i].fd);
+  char a[SOCK_ADDR_STRLEN], more[128];
+  int n = boot_warn_take(&rt->warn);
+  if (n > 0)
+    WARN("bootstrap root at %s: dropped a connection from %s that %s%s", rt->where,
+         boot_conn_peer_str(rt->pend[i], a, sizeof a), why, boot_warn_more(n, more, sizeof more));
+  conn_done(rt, rt->pend[i]);
   rt->pend[i] = rt->pend[--rt->npend];
 }
 
-/* Reads what greeting i has sent; returns -1 when the root must stop. */
-static int read_greeting(struct root *rt, int i) {
-  struct greeting *g = &rt->pend[i];
-  ssize_t n = recv(g->fd, (char *)&g->h + g->got, sizeof g->h - g->got, MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-    return 0;
-  if (n <= 0) {
-    drop(rt, i, "closed before it greeted like a Loom rank");
-    return 0;
+/* Moves greeting i on; returns -1 when the root must stop. */
+static int read_greeting(struct root *rt, int i, short revents) {
+  struct boot_conn *c = rt->pend[i];
+  char why[256], line[320], a[SOCK_ADDR_STRLEN], more[128];
+  int n;
+  for (;;) {
+    enum boot_event ev;
+    struct boot_msg *m;
+    if (boot_conn_step(c, revents, &ev, &m, why, sizeof why) != ncclSuccess) {
+      WARN("bootstrap root at %s: %s", rt->where, err_thread_last());
+      drop(rt, i, "could not be served");
+      return 0;
+    }
+    revents = 0;
+    switch (ev) {
+    case BE_NONE:
+      return 0;
+    case BE_OPENED:
+      /* Its hello follows at once. */
+      c->until = LOOM_MAX(c->until, LOOM_MIN(c->max_until, time_ns() + GREETING_NS));
+      continue;
+    case BE_REFUSED:
+      /* A stranger, or a rank with another job's secret: the sentence
+       * that names it is here; a rank of ours hears its own. */
+      n = boot_warn_take(&rt->warn);
+      if (n > 0)
+        WARN("bootstrap root at %s: refused a connection from %s: it %s%s", rt->where,
+             boot_conn_peer_str(c, a, sizeof a), why, boot_warn_more(n, more, sizeof more));
+      rt->refused++;
+      conn_done(rt, c);
+      rt->pend[i] = rt->pend[--rt->npend];
+      return 0;
+    case BE_MSG: {
+      struct root_hello h;
+      int ok = m->tag == BOOT_TAG_HELLO && boot_hello_check(m->data, m->len, &h) == BOOT_OK &&
+               h.rank == c->chal.from && h.nranks == c->chal.nranks;
+      free(m);
+      if (!ok) {
+        drop(rt, i, "proved the job's secret but sent no valid hello");
+        return 0;
+      }
+      rt->pend[i] = rt->pend[--rt->npend];
+      return admit(rt, &h, c) < 0 ? -1 : 0;
+    }
+    default:
+      snprintf(line, sizeof line, "ended before its hello: %s", ev == BE_CLOSED ? "it closed the connection" : why);
+      drop(rt, i, line);
+      return 0;
+    }
   }
-  g->got += (size_t)n;
-  struct root_hello h;
-  enum boot_verdict v = boot_hello_check(&g->h, g->got, rt->secret, &h);
-  if (v == BOOT_SHORT)
-    return 0;
-  /* Another job's secret is answered, below: that rank's user needs to
-   * hear why. Anything else that is not a greeting just goes. */
-  if (v != BOOT_OK && !(v == BOOT_WRONG_SECRET && g->got == sizeof g->h)) {
-    if (v != BOOT_WRONG_SECRET)
-      drop(rt, i, "did not greet like a Loom rank");
-    return 0;
-  }
-  if (v == BOOT_WRONG_SECRET) {
-    h = g->h;
-    h.host[sizeof h.host - 1] = '\0';
-  }
-  int fd = g->fd;
-  rt->pend[i] = rt->pend[--rt->npend];
-  /* Answers go out on a blocking socket. */
-  int fl = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  return admit(rt, &h, fd) < 0 ? -1 : 0;
 }
 
-/* Takes every connection waiting. A full table makes room by dropping the
- * connection that has said least for longest; each new one is read at
- * once, since a rank greets as soon as it connects. -1: stop. */
+/* With the table full: the greeting silent longest, if it has been
+ * silent for BOOT_IDLE_NS; -1 when none has (every one is moving on). */
+static int idle_victim(const struct root *rt, uint64_t now) {
+  int victim = -1;
+  for (int i = 0; i < rt->npend; i++)
+    if (now - rt->pend[i]->last_rx >= BOOT_IDLE_NS && (victim < 0 || rt->pend[i]->last_rx < rt->pend[victim]->last_rx))
+      victim = i;
+  return victim;
+}
+
+/* Takes the connections waiting while there is room; a full table makes
+ * room only by dropping a greeting that has gone silent, else the rest
+ * wait in the kernel's queue. Each new one is read at once, since a rank
+ * greets as soon as it connects. -1: stop. */
 static int accept_all(struct root *rt) {
   for (;;) {
+    int victim = -1;
+    if (rt->npend == rt->max_pending && (victim = idle_victim(rt, time_ns())) < 0)
+      return 0;
     int fd = accept4(rt->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0)
       return 0;
-    if (rt->npend == MAX_PENDING) {
-      int victim = 0;
-      for (int i = 1; i < rt->npend; i++)
-        if (rt->pend[i].got < rt->pend[victim].got ||
-            (rt->pend[i].got == rt->pend[victim].got && rt->pend[i].until < rt->pend[victim].until))
-          victim = i;
-      drop(rt, victim, "was still incomplete when the root had too many connections waiting");
+    if (victim >= 0)
+      drop(rt, victim, "had been silent, in the middle of its greeting, when the root had too many waiting");
+    struct boot_conn *c = malloc(sizeof *c);
+    if (!c) {
+      close(fd);
+      return 0;
     }
-    rt->pend[rt->npend++] = (struct greeting){.fd = fd, .until = time_ns() + GREETING_NS};
-    if (read_greeting(rt, rt->npend - 1) < 0)
+    boot_conn_accepted(c, fd, rt->key, BOOT_TO_ROOT, 0, time_ns() + GREETING_NS, NULL);
+    rt->pend[rt->npend++] = c;
+    if (read_greeting(rt, rt->npend - 1, 0) < 0)
       return -1;
   }
 }
@@ -220,35 +264,52 @@ static void timed_out(struct root *rt) {
   char missing[200] = "", msg[256];
   size_t o = 0;
   for (int i = 0; i < rt->nranks && o < sizeof missing - 8; i++)
-    if (rt->fds[i] < 0)
+    if (rt->conns[i] == NULL)
       o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", i);
   snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s within LOOM_TIMEOUT=%llds",
            missing, rt->nranks, rt->where, (long long)rt->timeout_s);
   fail_job(rt, ncclRemoteError, msg);
 }
 
+/* Each rank learns only where the next one listens: O(1) bytes per rank,
+ * O(nranks) in all; the ranks pass the rest around the ring. */
 static void answer_all(struct root *rt) {
-  INFO(LOG_BOOTSTRAP, "bootstrap root at %s: all %d ranks joined", rt->where, rt->nranks);
-  struct root_reply ok = {0};
-  memcpy(ok.magic, reply_magic, sizeof ok.magic);
-  ok.nranks = rt->nranks;
   for (int k = 0; k < rt->nranks; k++) {
     int i = answer_order(rt, k);
-    uint64_t dl = time_ns() + GREETING_NS * 5;
-    if (sock_send_all(rt->fds[i], &ok, sizeof ok, dl, "a joining rank") != ncclSuccess ||
-        sock_send_all(rt->fds[i], rt->addrs, sizeof *rt->addrs * rt->nranks, dl, "a joining rank") != ncclSuccess)
+    struct root_reply ok;
+    memset(&ok, 0, sizeof ok);
+    ok.nranks = rt->nranks;
+    ok.next = rt->peers[(i + 1) % rt->nranks];
+    if (boot_conn_send_wait(rt->conns[i], BOOT_TAG_REPLY, &ok, sizeof ok, time_ns() + GREETING_NS * 5,
+                            "a joining rank") != ncclSuccess)
       WARN("bootstrap root at %s: could not answer rank %d: %s", rt->where, i, err_thread_last());
-    close(rt->fds[i]);
+    conn_done(rt, rt->conns[i]);
+    rt->conns[i] = NULL;
   }
+}
+
+static void root_free(struct root *rt) {
+  if (rt->listen_fd >= 0)
+    close(rt->listen_fd);
+  free(rt->conns);
+  free(rt->peers);
+  free(rt->hellos);
+  free(rt->order);
+  free(rt->pend);
+  free(rt->pfd);
+  boot_cleanse(rt->key, sizeof rt->key);
+  free(rt);
 }
 
 static void *root_main(void *arg) {
   struct root *rt = arg;
   uint64_t deadline = time_ns() + (uint64_t)rt->timeout_s * 1000000000ull;
-  struct pollfd pfd[MAX_PENDING + 1];
+  struct pollfd *pfd = rt->pfd;
+  int all = 0;
   for (;;) {
     if (rt->failed == ncclSuccess && rt->nranks > 0 && rt->joined == rt->nranks) {
       answer_all(rt);
+      all = 1;
       break;
     }
     uint64_t now = time_ns();
@@ -257,16 +318,22 @@ static void *root_main(void *arg) {
       break;
     }
     uint64_t wake = deadline;
+    int full = rt->npend == rt->max_pending;
     for (int i = 0; i < rt->npend; i++) {
-      if (rt->pend[i].until <= now) {
-        drop(rt, i--, "said nothing for 2 s");
+      if (rt->pend[i]->until <= now) {
+        drop(rt, i--, "said nothing for 2 s in the middle of its greeting (or took 10 s for all of it)");
         continue;
       }
-      wake = LOOM_MIN(wake, rt->pend[i].until);
+      wake = LOOM_MIN(wake, rt->pend[i]->until);
+      if (full)
+        wake = LOOM_MIN(wake, rt->pend[i]->last_rx + BOOT_IDLE_NS);
     }
-    pfd[0] = (struct pollfd){.fd = rt->listen_fd, .events = POLLIN};
+    /* A full table with nothing to drop leaves new connections in the
+     * kernel's queue, unpolled (they would wake every poll). */
+    full = rt->npend == rt->max_pending && idle_victim(rt, now) < 0;
+    pfd[0] = (struct pollfd){.fd = rt->listen_fd, .events = full ? 0 : POLLIN};
     for (int i = 0; i < rt->npend; i++)
-      pfd[i + 1] = (struct pollfd){.fd = rt->pend[i].fd, .events = POLLIN};
+      pfd[i + 1] = (struct pollfd){.fd = rt->pend[i]->fd, .events = boot_conn_events(rt->pend[i])};
     int nfds = rt->npend + 1;
     uint64_t ms = (wake - now) / 1000000 + 1;
     if (poll(pfd, (nfds_t)nfds, ms > 1000 ? 1000 : (int)ms) <= 0)
@@ -276,34 +343,51 @@ static void *root_main(void *arg) {
     int stop = 0;
     for (int i = nfds - 2; i >= 0 && !stop; i--)
       if (pfd[i + 1].revents)
-        stop = read_greeting(rt, i) < 0;
+        stop = read_greeting(rt, i, pfd[i + 1].revents) < 0;
     if (stop)
       break;
     if ((pfd[0].revents & POLLIN) && accept_all(rt) < 0)
       break;
   }
   for (int i = 0; i < rt->npend; i++)
-    close(rt->pend[i].fd);
-  close(rt->listen_fd);
-  free(rt->fds);
-  free(rt->addrs);
-  free(rt->hellos);
-  free(rt);
+    conn_done(rt, rt->pend[i]);
+  for (int i = 0; rt->conns && i < rt->nranks; i++)
+    if (rt->conns[i])
+      conn_done(rt, rt->conns[i]);
+  if (rt->warn.held > 0)
+    WARN("bootstrap root at %s: %d more connection(s) refused or dropped, not logged one by one", rt->where,
+         rt->warn.held);
+  if (all)
+    INFO(LOG_BOOTSTRAP, "bootstrap root at %s: all %d ranks joined; it sent %llu bytes and received %llu (%d "
+         "connection(s) refused)", rt->where, rt->nranks, (unsigned long long)rt->sent,
+         (unsigned long long)rt->received, rt->refused);
+  root_free(rt);
   return NULL;
 }
 
-ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, uint64_t secret, union sock_addr *bound) {
+ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, const uint8_t key[BOOT_KEY],
+                                  union sock_addr *bound) {
   struct root *rt = calloc(1, sizeof *rt);
   if (!rt)
     return err_set(ncclSystemError, "out of memory starting the bootstrap root");
+  rt->listen_fd = -1;
+  /* Read here: the root's own thread never reads the environment. */
+  rt->max_pending = (int)param_int(P_BOOTSTRAP_PENDING);
+  rt->pend = calloc((size_t)rt->max_pending, sizeof *rt->pend);
+  rt->pfd = calloc((size_t)rt->max_pending + 1, sizeof *rt->pfd);
+  if (!rt->pend || !rt->pfd) {
+    int max = rt->max_pending;
+    root_free(rt);
+    return err_set(ncclSystemError, "out of memory starting the bootstrap root (LOOM_BOOTSTRAP_PENDING=%d)", max);
+  }
   union sock_addr addr;
   ncclResult_t r = sock_listen(bind_addr, &rt->listen_fd, &addr);
   if (r != ncclSuccess) {
-    free(rt);
+    root_free(rt);
     return r;
   }
   sock_set_nonblocking(rt->listen_fd);
-  rt->secret = secret;
+  memcpy(rt->key, key, sizeof rt->key);
   rt->nranks = -1;
   rt->timeout_s = timeout_seconds();
   sock_addr_str(&addr, rt->where, sizeof rt->where);
@@ -316,8 +400,7 @@ ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, uint64_t sec
   int rc = pthread_create(&t, &attr, root_main, rt);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
-    close(rt->listen_fd);
-    free(rt);
+    root_free(rt);
     return err_set(ncclSystemError, "cannot start the bootstrap root thread: %s", strerror(rc));
   }
   return ncclSuccess;

@@ -11,8 +11,10 @@
 #include "exec/dtype.h"
 #include "group.h"
 #include "misc/cudamem.h"
+#include "plan.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static int is_reduction(int coll) {
@@ -81,20 +83,51 @@ static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char
   return ncclSuccess;
 }
 
-/* Elements the buffers span: count for most, count * nranks for the
- * gathered or scattered side. */
-static ncclResult_t check_size(const struct ncclComm *comm, const struct task *t, const char *func) {
-  size_t esize = dtype_size(t->dtype);
-  size_t mult = (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER) ? (size_t)comm->nranks : 1;
-  if (t->count > SIZE_MAX / esize / mult)
-    return err_set(ncclInvalidArgument, "%s: count %zu of %s%s overflows the address space", func, t->count,
-                   dtype_name(t->dtype), mult > 1 ? " times nranks" : "");
-  /* Counts travel in 64-bit headers, but pointers plus offsets must not
-   * wrap either. */
-  if (t->count * esize * mult > (size_t)PTRDIFF_MAX)
-    return err_set(ncclInvalidArgument, "%s: count %zu of %s is larger than any buffer can be", func, t->count,
-                   dtype_name(t->dtype));
-  return ncclSuccess;
+/* In place is what NCCL documents per collective, and for ReduceScatter
+ * also MPI's form (the result at the start of the input, which programs
+ * written for MPI_IN_PLACE pass, and which the ring computes right: a
+ * rank writes its block's result only after it has read every input at
+ * that offset, and never posts ReduceScatter input by reference). Any
+ * other overlap of a call's two buffers would have the call read what it
+ * already wrote, so it is refused before data moves. Only buffers this
+ * rank uses count (a non-root's sendbuff in Broadcast, its recvbuff in
+ * Reduce). */
+static ncclResult_t check_overlap(const struct ncclComm *comm, const struct task *t, const char *func) {
+  size_t esize = dtype_size(t->dtype), block = t->count * esize; /* plan_check_size bounds it */
+  size_t sbytes = block, rbytes = block;
+  uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff, in_place;
+  const char *rule;
+  switch (t->coll) {
+  case COLL_ALLGATHER:
+    rbytes = block * (size_t)comm->nranks;
+    in_place = r + (size_t)comm->rank * block;
+    rule = "sendbuff == recvbuff + rank * sendcount elements";
+    if (s == in_place)
+      return ncclSuccess;
+    break;
+  case COLL_REDUCESCATTER:
+    sbytes = block * (size_t)comm->nranks;
+    in_place = s + (size_t)comm->rank * block;
+    rule = "recvbuff == sendbuff + rank * recvcount elements, or MPI's recvbuff == sendbuff";
+    if (r == in_place || r == s)
+      return ncclSuccess;
+    break;
+  default:
+    in_place = s;
+    rule = "recvbuff == sendbuff";
+    if (s == r)
+      return ncclSuccess;
+  }
+  if (s + sbytes <= r || r + rbytes <= s)
+    return ncclSuccess;
+  char where[64] = "";
+  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
+    snprintf(where, sizeof where, ", here %s %p", t->coll == COLL_ALLGATHER ? "sendbuff" : "recvbuff",
+             (void *)in_place);
+  return err_set(ncclInvalidArgument,
+                 "%s: sendbuff %p (%zu bytes) and recvbuff %p (%zu bytes) overlap, and rank %d's call is not in "
+                 "place (in place is %s%s); nothing was sent",
+                 func, t->sendbuff, sbytes, t->recvbuff, rbytes, comm->rank, rule, where);
 }
 
 static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t stream, const char *func) {
@@ -108,7 +141,7 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
   if (t->dtype < 0 || t->dtype >= ncclNumTypes)
     return err_set(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t (0..%d)", func, t->dtype,
                    ncclNumTypes - 1);
-  CHECK(check_size(comm, t, func));
+  CHECK(plan_check_size(comm, t, func));
   if ((t->coll == COLL_BROADCAST || t->coll == COLL_REDUCE) && (t->root < 0 || t->root >= comm->nranks))
     return err_set(ncclInvalidArgument, "%s: root %d is out of range for a communicator of %d ranks", func, t->root,
                    comm->nranks);
@@ -134,6 +167,8 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
       CHECK(cuda_check_pointer(t->sendbuff, 0, comm->cuda_dev, func, bcast ? "buff" : "sendbuff"));
     if (!comm->is_host && need_recv)
       CHECK(cuda_check_pointer(t->recvbuff, 0, comm->cuda_dev, func, bcast ? "buff" : "recvbuff"));
+    if (need_send && need_recv)
+      CHECK(check_overlap(comm, t, func));
   }
   t->stream = stream;
   if (log_enabled(LOG_INFO, LOG_COLL)) {
@@ -156,9 +191,9 @@ static ncclResult_t finish(struct ncclComm *comm, ncclResult_t r) {
  * from another thread waits for it instead of freeing what it uses. */
 static ncclResult_t call(struct ncclComm *comm, struct task *t, cudaStream_t stream, const char *func) {
   ncclResult_t r = comm_enter(comm, func);
-  if (r == ncclSuccess)
-    r = submit(comm, t, stream, func);
-  r = finish(comm, r);
+  if (r != ncclSuccess) /* the communicator's sentence is its own thread's to write */
+    return finish(NULL, r);
+  r = finish(comm, submit(comm, t, stream, func));
   /* A nonblocking communicator's worker leaves it when the call is done. */
   if (r != ncclInProgress)
     comm_leave(comm);

@@ -19,26 +19,35 @@
 #include "transport/transport.h"
 
 #include <stdio.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+static ncclResult_t not_a_comm(const char *func) {
+  return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
+}
+
+static ncclResult_t busy_refusal(const char *func) {
+  return err_set(ncclInvalidUsage,
+                 "%s: the communicator's previous call is still in progress (a nonblocking communicator): poll "
+                 "ncclCommGetAsyncError until it no longer returns ncclInProgress before the next call",
+                 func);
+}
+
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
   if (comm == NULL)
     return err_set(ncclInvalidArgument, "%s: comm is NULL", func);
-  if (comm->magic != COMM_MAGIC)
-    return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
+  if (!comm_live(comm))
+    return not_a_comm(func);
   if (async_busy(comm))
-    return err_set(ncclInvalidUsage,
-                   "%s: the communicator's previous call is still in progress (a nonblocking communicator): poll "
-                   "ncclCommGetAsyncError until it no longer returns ncclInProgress before the next call",
-                   func);
+    return busy_refusal(func);
   if (comm->rank < 0)
     return err_set(ncclInvalidUsage, "%s: the communicator is still being created; call ncclGroupEnd first", func);
   if (comm->async_error != ncclSuccess)
     return err_set(comm->async_error, "%s: the communicator failed earlier and can only be destroyed or aborted: %s",
-                   func, comm->last_error);
+                   func, comm->first_error);
   if (comm->finalized)
     return err_set(ncclInvalidUsage, "%s: the communicator was finalized; only ncclCommDestroy may follow", func);
   return ncclSuccess;
@@ -69,11 +78,12 @@ static void poison_conn(struct conn *c) {
 }
 
 void comm_set_error(struct ncclComm *comm, ncclResult_t res) {
-  if (comm == NULL || comm->magic != COMM_MAGIC)
+  if (!comm_live(comm))
     return;
   if (comm->async_error == ncclSuccess) {
     comm->async_error = res;
-    snprintf(comm->last_error, sizeof comm->last_error, "%s", err_thread_last());
+    snprintf(comm->first_error, sizeof comm->first_error, "%s", err_thread_last());
+    snprintf(comm->last_error, sizeof comm->last_error, "%s", comm->first_error);
   }
   for_each_conn(comm, poison_conn);
 }
@@ -87,7 +97,7 @@ ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
   /* While a nonblocking communicator's job runs, its sentence is the
    * job's to write (comm_set_error): a call refused meanwhile says why in
    * ncclGetLastError(NULL) only. */
-  if (comm && comm->magic == COMM_MAGIC && comm->last_error != msg && !async_busy(comm))
+  if (comm_live(comm) && comm->last_error != msg && !async_busy(comm))
     snprintf(comm->last_error, sizeof comm->last_error, "%s", msg);
   err_set_global(msg);
   WARN("%s", msg);
@@ -127,17 +137,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   free(comm->lanes);
   free(comm->check_buf);
   comm->magic = 0;
-  free(comm);
-}
-
-/* Destroy and abort tolerate communicators in any state, failed ones
- * included: that is when users need them most. */
-static ncclResult_t check_for_teardown(const struct ncclComm *comm, const char *func) {
-  if (comm->magic != COMM_MAGIC)
-    return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
-  if (comm->in_group)
-    return err_set(ncclInvalidUsage, "%s: the communicator has operations queued in an open group", func);
-  return ncclSuccess;
+  comm_slot_free(comm);
 }
 
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
@@ -150,48 +150,82 @@ NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   return ncclSuccess;
 }
 
+/* Destroy and abort tolerate communicators in any state, failed ones
+ * included: that is when users need them most. */
 NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   if (comm == NULL)
     return ncclSuccess;
-  ncclResult_t r = check_for_teardown(comm, "ncclCommDestroy");
-  if (r != ncclSuccess)
-    return api_finish(NULL, r);
+  if (!comm_live(comm))
+    return api_finish(NULL, not_a_comm("ncclCommDestroy"));
   /* A nonblocking communicator's job finishes first (it is bounded by
    * LOOM_TIMEOUT); ncclCommAbort is the way not to wait. */
   async_wait(comm);
+  /* Entered and never left: a thread that comes later is refused until
+   * the slot is gone, after which the communicator is no more. */
+  ncclResult_t r = comm_enter(comm, "ncclCommDestroy");
+  if (r == ncclSuccess && comm->in_group) {
+    comm_leave(comm);
+    r = err_set(ncclInvalidUsage, "ncclCommDestroy: the communicator has operations queued in an open group");
+  }
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);
   return ncclSuccess;
 }
 
 ncclResult_t comm_enter(struct ncclComm *comm, const char *func) {
-  if (comm == NULL || comm->magic != COMM_MAGIC)
+  if (comm == NULL) /* the call's own check says so */
     return ncclSuccess;
+  if (!comm_live(comm))
+    return not_a_comm(func);
   /* Sequentially consistent on both sides (here, and abort's flag store
    * then load of in_call): either this sees the abort or abort sees us. */
-  atomic_store(&comm->in_call, 1);
-  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST))
+  int idle = 0;
+  for (int tries = 0; !atomic_compare_exchange_strong(&comm->in_call, &idle, 1); tries++) {
+    if (async_busy(comm))
+      return busy_refusal(func);
+    /* On a nonblocking communicator the holder may be its worker, which
+     * has published the end of its job and is about to leave: a matter of
+     * instructions, where another thread's call takes far longer. */
+    if (comm->blocking || tries == 1000) {
+      const char *other = atomic_load(&comm->in_call_func);
+      return err_set(ncclInvalidUsage,
+                     "%s: another thread is inside %s on this communicator; a communicator takes one call at a "
+                     "time (NCCL's rule): serialise the threads' calls, or give each thread a communicator of its "
+                     "own (ncclCommSplit). Nothing was done",
+                     func, other ? other : "a call");
+    }
+    idle = 0;
+    sched_yield();
+  }
+  atomic_store(&comm->in_call_func, func);
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) {
+    atomic_store(&comm->in_call, 0);
     return err_set(ncclInvalidUsage, "%s: the communicator is being aborted (ncclCommAbort)", func);
+  }
   return ncclSuccess;
 }
 
 void comm_leave(struct ncclComm *comm) {
-  if (comm != NULL && comm->magic == COMM_MAGIC)
+  if (comm_live(comm))
     atomic_store_explicit(&comm->in_call, 0, memory_order_release);
 }
 
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm == NULL)
     return ncclSuccess;
-  if (comm->magic != COMM_MAGIC)
-    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommAbort: comm is not a communicator"));
+  if (!comm_live(comm))
+    return api_finish(NULL, not_a_comm("ncclCommAbort"));
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
   /* A thread inside a call notices the flag at its next check (every
    * 100 ms of a wait) and returns ncclInvalidUsage; only then may the
-   * connections and memory it uses go. */
+   * connections and memory it uses go. The abort then holds the
+   * communicator itself, so that no other thread can enter it. */
   uint64_t t0 = time_ns();
-  int warned = 0;
-  while (atomic_load(&comm->in_call)) {
+  int warned = 0, idle = 0;
+  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
+    idle = 0;
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
     if (!warned && time_ns() - t0 > 5000000000ull) {
@@ -200,6 +234,10 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
       warned = 1;
     }
   }
+  /* What another thread destroyed meanwhile (its slot reads as zeros) is
+   * not there to abort. */
+  if (!comm_live(comm))
+    return api_finish(NULL, not_a_comm("ncclCommAbort"));
   for_each_conn(comm, poison_conn);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);
@@ -210,8 +248,8 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
 static ncclResult_t check_query(const struct ncclComm *comm, const void *out, const char *func) {
   if (comm == NULL)
     return err_set(ncclInvalidArgument, "%s: comm is NULL", func);
-  if (comm->magic != COMM_MAGIC)
-    return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
+  if (!comm_live(comm))
+    return not_a_comm(func);
   if (out == NULL)
     return err_set(ncclInvalidArgument, "%s: the result pointer is NULL", func);
   return ncclSuccess;
@@ -254,7 +292,7 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t *asy
 NCCL_API(const char *, ncclGetErrorString, ncclResult_t result) { return err_string(result); }
 
 NCCL_API(const char *, ncclGetLastError, ncclComm_t comm) {
-  if (comm != NULL && comm->magic == COMM_MAGIC)
+  if (comm_live(comm))
     return comm->last_error;
   return err_global_last();
 }

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "core.h"
+#include "comm_slots.h"
 #include "algorithms/tuner.h"
 #include "exec/reduce.h"
 
@@ -37,6 +38,11 @@ struct peer_info {
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
   int32_t check_calls;  /* LOOM_CHECK_CALLS: every rank must take part alike */
   int32_t ncpus;        /* CPUs the rank may run on (its affinity) */
+  /* Which process the rank is (util_process_id: pids of two pid
+   * namespaces can be equal) and its pid namespace (0: unknown), where
+   * `pid` means something only to ranks of the same one. */
+  uint64_t proc_id;
+  uint64_t pid_ns;
 };
 
 struct channel {
@@ -105,12 +111,17 @@ struct ncclComm {
    * one at a time): ncclCommAbort from another thread waits for it to see
    * abort_flag and leave before it frees anything. */
   _Atomic int in_call;
+  const char *_Atomic in_call_func; /* which call, for a second thread's refusal */
   /* Nonblocking communicators: 1 while a job (init or launch) involving it
    * runs on a worker (async.c), whose thread this is, if started. */
   _Atomic int async_busy;
   struct async_worker *worker;
   ncclResult_t async_error;
   char last_error[LOOM_ERR_LEN];
+  /* The sentence of the failure that broke the communicator, written
+   * once: every later call quotes it, so it never drowns in their
+   * prefixes however many follow. */
+  char first_error[LOOM_ERR_LEN];
   int finalized;
   uint64_t coll_seq; /* collectives started, for diagnostics */
   uint64_t shrink_seq; /* ncclCommShrink calls, which number their bootstrap messages */
@@ -136,6 +147,7 @@ struct ncclComm {
   int task_inline_used;
   struct ncclComm *group_next;
   int in_group;
+  const void *group_owner; /* a token of the thread whose open group holds it */
 };
 
 /* Creation (init.c): a communicator struct with no rank yet; a config
@@ -153,11 +165,19 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
  * connections in an unknown state, and tells the peers. */
 void comm_set_error(struct ncclComm *comm, ncclResult_t res);
 
-/* Brackets a call that may wait on peers, against ncclCommAbort from
- * another thread: enter fails (with the sentence) if an abort has begun;
- * leave must be the call's last touch of the communicator. Both do
- * nothing for a pointer that is not a communicator (the call's own checks
- * say so). */
+/* Whether `comm` is a communicator that is not yet destroyed; any pointer
+ * may be asked (comm_slots.h). */
+static inline int comm_live(const struct ncclComm *comm) {
+  return comm != NULL && comm_slot_live(comm) && comm->magic == COMM_MAGIC;
+}
+
+/* Brackets a call, one thread at a time (as NCCL allows), and against
+ * ncclCommAbort from another thread. Enter fails, with the sentence and
+ * without entering, if another thread is inside a call on the
+ * communicator or an abort has begun; only a caller that entered may
+ * leave, and leaving must be its last touch of the communicator. Enter
+ * refuses a pointer that is not a communicator, but lets NULL through for
+ * the call's own check to name; leave ignores both. */
 ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
 void comm_leave(struct ncclComm *comm);
 

@@ -118,14 +118,25 @@ static ncclResult_t launch(struct ncclComm *list, int api_exit) {
       return api_exit ? api_finish(NULL, e) : e;
   }
   n = 0;
+  int entered = 0;
   ncclResult_t r = ncclSuccess;
   for (struct ncclComm *c = list; c; c = c->group_next) {
     comms[n++] = c;
     if (r == ncclSuccess && api_exit)
       r = comm_enter(c, "ncclGroupEnd");
+    entered += r == ncclSuccess && api_exit;
   }
-  if (r == ncclSuccess)
-    r = launch_submit(comms, n);
+  if (r != ncclSuccess) {
+    /* Another thread is inside a call on one of them: the group runs
+     * nothing, and no communicator is marked failed by this refusal. */
+    for (int i = 0; i < entered; i++)
+      comm_leave(comms[i]);
+    discard(list);
+    if (comms != few)
+      free(comms);
+    return api_finish(NULL, r);
+  }
+  r = launch_submit(comms, n);
   if (r == ncclSuccess)
     r = enqueue_launch(comms, n);
   int rank = log_get_rank();
@@ -137,7 +148,7 @@ static ncclResult_t launch(struct ncclComm *list, int api_exit) {
    * them when it is done. */
   if (api_exit)
     r = api_finish(r == ncclSuccess ? NULL : comms[0], r);
-  for (int i = 0; api_exit && r != ncclInProgress && i < n; i++)
+  for (int i = 0; r != ncclInProgress && i < entered; i++)
     comm_leave(comms[i]);
   if (comms != few)
     free(comms);
@@ -145,6 +156,13 @@ static ncclResult_t launch(struct ncclComm *list, int api_exit) {
 }
 
 ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t) {
+  /* The thread that opened a group launches what it queued; a call from
+   * another thread would launch it too, mixed with its own. */
+  if (comm->in_group && comm->group_owner != &depth)
+    return err_set(ncclInvalidUsage,
+                   "nccl%s: the communicator has operations queued in another thread's open group "
+                   "(ncclGroupStart); a communicator takes one thread's calls at a time. Nothing was done",
+                   coll_name(t->coll));
   if (depth == 0 && !comms_head && !comm->tasks_head && comm->is_host && comm->blocking) {
     int handled;
     ncclResult_t r = enqueue_single(comm, t, &handled);
@@ -171,6 +189,7 @@ ncclResult_t group_enqueue(struct ncclComm *comm, struct task *t) {
   comm->tasks_tail = copy;
   if (!comm->in_group) {
     comm->in_group = 1;
+    comm->group_owner = &depth;
     comm->group_next = comms_head;
     comms_head = comm;
   }

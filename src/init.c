@@ -80,7 +80,7 @@ ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out) {
 
 ncclResult_t comm_alloc(struct ncclComm **out) {
   struct ncclComm *c;
-  CHECK(UTIL_CALLOC(&c, 1, "a communicator"));
+  CHECK(comm_slot_alloc(sizeof *c, (void **)&c));
   c->magic = COMM_MAGIC;
   c->rank = -1;
   c->cuda_dev = -1;
@@ -125,7 +125,9 @@ static void open_pidfds(struct ncclComm *comm) {
   for (int r = 0; r < comm->nranks; r++) {
     comm->peer_pidfd[r] = -1;
     const struct peer_info *p = &comm->peers[r];
-    if (r == comm->rank || p->host_hash != comm->peers[comm->rank].host_hash || p->pid == (int)getpid())
+    const struct peer_info *me = &comm->peers[comm->rank];
+    /* A pid of another pid namespace names another process here. */
+    if (r == comm->rank || p->host_hash != me->host_hash || p->proc_id == me->proc_id || p->pid_ns != me->pid_ns)
       continue;
 #ifdef SYS_pidfd_open
     comm->peer_pidfd[r] = (int)syscall(SYS_pidfd_open, p->pid, 0);
@@ -219,6 +221,8 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   struct peer_info *me = &comm->peers[rank];
   me->rank = rank;
   me->pid = (int)getpid();
+  me->proc_id = util_process_id();
+  me->pid_ns = util_pid_namespace();
   me->host_hash = topo_host_hash();
   gethostname(me->hostname, sizeof me->hostname - 1);
   me->buffsize = (int64_t)comm->buffsize;
@@ -317,7 +321,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
     if (j)
       j->device = device >= 0 ? device : cuda_pick_device();
     if (!j) {
-      free(comm);
+      comm_slot_free(comm);
       return err_set(ncclSystemError, "out of memory queueing a communicator creation");
     }
     j->base.fn = init_job_run;
@@ -332,7 +336,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   if (config.blocking == 0) {
     struct init_job *j = calloc(1, sizeof *j);
     if (!j) {
-      free(comm);
+      comm_slot_free(comm);
       return err_set(ncclSystemError, "out of memory starting a nonblocking communicator creation");
     }
     j->base.fn = init_job_run;
@@ -440,7 +444,9 @@ struct split_job {
 
 struct split_info {
   int32_t color, key;
-  ncclUniqueId id; /* from the lowest member of each colour */
+  /* From the lowest member of each colour: where the child's root
+   * listens. Its secret is derived by every member, never sent. */
+  struct bootstrap_child at;
 };
 
 static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const ncclConfig_t *config,
@@ -452,6 +458,9 @@ static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const
   all[parent->rank].color = color;
   all[parent->rank].key = key;
   CHECK_GOTO(bootstrap_allgather(parent->boot, all, sizeof *all), r, out);
+  /* Numbers this split: the bootstrap counts its all-gathers, the same
+   * on every rank once one has completed. */
+  uint64_t seq = parent->boot->seq;
   /* New rank: position among the same colour ordered by (key, old rank). */
   int newrank = 0, newn = 0, leader = -1;
   for (int i = 0; i < n; i++) {
@@ -466,7 +475,7 @@ static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const
   memset(all, 0, sizeof *all * n);
   all[parent->rank].color = color;
   if (color != NCCL_SPLIT_NOCOLOR && leader == parent->rank)
-    CHECK_GOTO(bootstrap_create_root_id(&all[parent->rank].id), r, out);
+    CHECK_GOTO(bootstrap_child_root(parent->boot, "split", seq, color, &all[parent->rank].at), r, out);
   CHECK_GOTO(bootstrap_allgather(parent->boot, all, sizeof *all), r, out);
   if (color == NCCL_SPLIT_NOCOLOR) {
     r = ncclSuccess;
@@ -475,8 +484,13 @@ static ncclResult_t split_run(struct ncclComm *parent, int color, int key, const
   INFO(LOG_INIT, "split: rank %d color %d key %d -> rank %d of %d", parent->rank, color, key, newrank, newn);
   /* The child lives on its parent's device, whatever thread splits it. */
   r = parent->is_host ? ncclSuccess : cuda_set_device(parent->cuda_dev);
+  ncclUniqueId id;
   if (r == ncclSuccess)
-    r = comm_init(child, newn, &all[leader].id, newrank, config);
+    r = bootstrap_child_id(parent->boot, "split", seq, color, &all[leader].at, &id);
+  if (r == ncclSuccess) {
+    r = comm_init(child, newn, &id, newrank, config);
+    bootstrap_id_wipe(&id);
+  }
 out:
   free(all);
   return r;
@@ -525,7 +539,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
   if (group_depth() > 0) {
     struct split_job *j = calloc(1, sizeof *j);
     if (!j) {
-      free(child);
+      comm_slot_free(child);
       return api_finish(comm, err_set(ncclSystemError, "out of memory queueing ncclCommSplit"));
     }
     j->base.fn = split_job_run;

@@ -16,6 +16,7 @@
 #include "plan.h"
 #include "transport/transport.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,13 +72,14 @@ static ncclResult_t new_work(struct ncclComm *comm, struct task *t, uint64_t seq
     struct schedule keep = w->sched;
     memset(w, 0, sizeof *w);
     w->sched = keep;
-    w->sched.nsteps = 0;
+    schedule_clear(&w->sched);
   } else {
     CHECK(UTIL_CALLOC(&w, 1, "a work item"));
   }
   w->comm = comm;
   w->task = t;
   w->seq = seq;
+  w->cur_at = UINT64_MAX; /* the schedule about to be built is another */
   w->esize = dtype_size(t->dtype);
   w->src = t->sendbuff;
   w->dst = t->recvbuff;
@@ -222,12 +224,58 @@ static ncclResult_t connect_collectives(struct ncclComm *comm) {
   return ncclSuccess;
 }
 
+/* "count N of T", with the factor of the gathered or scattered side, for
+ * the sentences of plan_check_size (only ever formatted for one). */
+static const char *count_desc(const struct ncclComm *comm, const struct task *t, char *buf, size_t len) {
+  int n = snprintf(buf, len, "count %zu of %s", t->count, dtype_name(t->dtype));
+  if (plan_gathered(t) && n > 0 && (size_t)n < len)
+    snprintf(buf + n, len - (size_t)n, " times nranks (%d)", comm->nranks);
+  return buf;
+}
+
+static ncclResult_t check_range(const struct ncclComm *comm, const struct task *t, const void *buf, const char *name,
+                                size_t bytes, const char *func) {
+  uintptr_t end;
+  if (!buf || !__builtin_add_overflow((uintptr_t)buf, bytes, &end))
+    return ncclSuccess; /* a NULL one has the NULL check's sentence */
+  char d[96];
+  return err_set(ncclInvalidArgument, "%s: %s %p plus the %zu bytes of %s runs past the end of the address space",
+                 func, strcmp(func, "ncclBcast") == 0 ? "buff" : name, buf, bytes,
+                 count_desc(comm, t, d, sizeof d));
+}
+
+ncclResult_t plan_refuse_size(const struct ncclComm *comm, const struct task *t, const char *func) {
+  size_t esize = dtype_size(t->dtype), mult = plan_gathered(t) ? (size_t)comm->nranks : 1, one, all;
+  char d[96];
+  if (__builtin_mul_overflow(t->count, esize, &one) || __builtin_mul_overflow(one, mult, &all))
+    return err_set(ncclInvalidArgument,
+                   "%s: %s overflows the address space: at %zu bytes an element, the buffer's size in bytes does "
+                   "not fit in size_t",
+                   func, count_desc(comm, t, d, sizeof d), esize);
+  if (all > PLAN_MAX_BUFFER_BYTES)
+    return err_set(ncclInvalidArgument,
+                   "%s: %s is larger than any buffer can be: %zu bytes, more than the 2^57 bytes of the largest "
+                   "user address space of any platform Loom runs on",
+                   func, count_desc(comm, t, d, sizeof d), all);
+  /* Buffers the call ignores (a non-root's of Broadcast and Reduce) may
+   * be anything. */
+  int me_root = t->root == comm->rank;
+  if (t->coll != COLL_RECV && (t->coll != COLL_BROADCAST || me_root))
+    CHECK(check_range(comm, t, t->sendbuff, "sendbuff", t->coll == COLL_REDUCESCATTER ? all : one, func));
+  if (t->coll != COLL_SEND && (t->coll != COLL_REDUCE || me_root))
+    CHECK(check_range(comm, t, t->recvbuff, "recvbuff", t->coll == COLL_ALLGATHER ? all : one, func));
+  return ncclSuccess;
+}
+
 /* The tuner's algorithm and channel count for a collective, by the size
  * of its largest buffer. */
 ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
-  size_t bytes = t->count * dtype_size(t->dtype);
-  if (t->coll == COLL_ALLGATHER || t->coll == COLL_REDUCESCATTER)
-    bytes *= (size_t)comm->nranks;
+  size_t bytes;
+  size_t mult = plan_gathered(t) ? (size_t)comm->nranks : 1;
+  /* plan_check_size refused what overflows; the tuner only compares sizes,
+   * so saturating is enough should a caller have skipped it. */
+  if (__builtin_mul_overflow(t->count, dtype_size(t->dtype), &bytes) || __builtin_mul_overflow(bytes, mult, &bytes))
+    bytes = SIZE_MAX;
   return tuner_pick(&comm->tuner, t->coll, bytes, algo, nch, NULL);
 }
 

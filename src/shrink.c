@@ -4,8 +4,10 @@
  * ranks are dead and the parent has failed. The survivors talk only to
  * the lowest of them (the leader) over the parent's bootstrap, point to
  * point, never through a ring that would pass a dead rank: each tells it
- * which ranks it excludes, and the leader answers with the new unique id,
- * or with the survivor that disagreed or did not answer.
+ * which ranks it excludes, and the leader answers with where the new
+ * communicator's root listens (each survivor derives its secret from the
+ * parent's: bootstrap_child_id), or with the survivor that disagreed or
+ * did not answer.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -36,7 +38,7 @@ struct shrink_reply {
   int32_t culprit;       /* the survivor that disagreed or did not answer */
   int32_t culprit_count; /* how many it excluded, -1 if it did not answer */
   int32_t leader_count;  /* how many the leader excluded */
-  ncclUniqueId id;
+  struct bootstrap_child at;
 };
 
 struct shrink_plan {
@@ -125,7 +127,7 @@ static ncclResult_t lead(struct ncclComm *comm, const unsigned char *excluded, i
     }
   }
   reply->ok = reply->culprit < 0;
-  if (reply->ok && bootstrap_create_root_id(&reply->id) != ncclSuccess) {
+  if (reply->ok && bootstrap_child_root(b, "shrink", p->tag, 0, &reply->at) != ncclSuccess) {
     reply->ok = 0;
     reply->culprit = comm->rank;
     reply->culprit_count = -1;
@@ -186,7 +188,12 @@ static ncclResult_t shrink_run(struct ncclComm *comm, const int *list, int count
   free(excluded);
   CHECK(r);
   INFO(LOG_INIT, "shrink: rank %d excludes %d rank(s) -> rank %d of %d", comm->rank, count, p.newrank, p.newn);
-  return comm_init(child, p.newn, &reply.id, p.newrank, config);
+  /* p.tag numbers this shrink: the survivors' messages matched it. */
+  ncclUniqueId id;
+  CHECK(bootstrap_child_id(comm->boot, "shrink", p.tag, 0, &reply.at, &id));
+  r = comm_init(child, p.newn, &id, p.newrank, config);
+  bootstrap_id_wipe(&id);
+  return r;
 }
 
 struct shrink_job {
@@ -209,7 +216,7 @@ static ncclResult_t shrink_job_run(struct group_job *job) {
  * shrinking is for, so only its being a communicator is checked. */
 NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
          ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags) {
-  if (comm == NULL || comm->magic != COMM_MAGIC)
+  if (!comm_live(comm))
     return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommShrink: comm is %s",
                                     comm ? "not a communicator (never created, or already destroyed)" : "NULL"));
   unsigned char *excluded;
@@ -236,7 +243,7 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     if (!j || (excludeRanksCount && !copy)) {
       free(j);
       free(copy);
-      free(child);
+      comm_slot_free(child);
       return api_finish(NULL, err_set(ncclSystemError, "out of memory queueing ncclCommShrink"));
     }
     if (copy)

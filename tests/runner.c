@@ -59,7 +59,12 @@ static double mono(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+#ifndef LOOM_TEST_TIME_SCALE
+#define LOOM_TEST_TIME_SCALE 1
+#endif
+
 static int run(const struct entry *e) {
+  const int limit = e->timeout * LOOM_TEST_TIME_SCALE;
   fflush(stdout);
   pid_t pid = fork();
   if (pid < 0) {
@@ -81,13 +86,13 @@ static int run(const struct entry *e) {
   if (pfd >= 0) {
     struct pollfd p = {.fd = pfd, .events = POLLIN};
     int r;
-    while ((r = poll(&p, 1, e->timeout * 1000)) < 0 && errno == EINTR)
+    while ((r = poll(&p, 1, limit * 1000)) < 0 && errno == EINTR)
       ;
     timed_out = r == 0;
     close(pfd);
   }
   if (timed_out) {
-    fprintf(stderr, "TIMEOUT: %s did not finish within %d s; killing its process group\n", e->name, e->timeout);
+    fprintf(stderr, "TIMEOUT: %s did not finish within %d s; killing its process group\n", e->name, limit);
     kill(-pid, SIGKILL);
   }
   int st = 0;

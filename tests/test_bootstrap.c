@@ -451,15 +451,15 @@ TEST_IMPL(bootstrap_garbage_root) {
   double t0 = now_s();
   int silent = bt_connect(root);
   for (int g = 0; g < G_COUNT; g++)
-    send_garbage(root, (enum garbage)g, "LOOMHI1", 1);
+    send_garbage(root, (enum garbage)g, "LOOMCH2", 1);
   double dropped = bt_wait_closed(silent, 10.0);
   ASSERT_MSG(dropped >= 0, "the root kept a silent connection open for 10 s");
   double held = now_s() - t0;
   close(silent);
   ASSERT_MSG(held < 8.0, "the root took %.1f s to drop a silent connection", held);
   /* Garbage once more after the silent one: the root must still read. */
-  send_garbage(root, G_RANDOM, "LOOMHI1", 1);
-  send_garbage(root, G_NOTHING, "LOOMHI1", 0);
+  send_garbage(root, G_RANDOM, "LOOMCH2", 1);
+  send_garbage(root, G_NOTHING, "LOOMCH2", 0);
   int garbage = 1 + G_COUNT + 2;
 
   for (int r = 0; r < N; r++)
@@ -598,7 +598,7 @@ TEST_IMPL(bootstrap_garbage_rank) {
     bt_kid_go(&kids[r], 'g');
   for (int r = 0; r < N; r++)
     for (int g = 0; g < G_COUNT; g++)
-      send_garbage(addr[r], (enum garbage)g, "LOOMMS1", 0);
+      send_garbage(addr[r], (enum garbage)g, "LOOMCH2", 0);
   for (int r = 0; r < N; r++)
     bt_kid_go(&kids[r], 's');
   for (int r = 0; r < N; r++) {

@@ -284,8 +284,12 @@ static int run_one(ncclComm_t comm, const struct gpu *g, int rank, int n, int co
   int root = (int)(count % (size_t)n);
   char *sendbuf, *recvbuf;
   if (inplace) {
+    /* ReduceScatter's two in-place forms take turns: NCCL's (the result
+     * at this rank's block) for odd counts, MPI's (at the start) for even. */
     recvbuf = pool;
     sendbuf = coll == C_ALLGATHER ? recvbuf + (size_t)rank * count * es : recvbuf;
+    if (coll == C_REDUCESCATTER && count % 2 == 1)
+      recvbuf = sendbuf + (size_t)rank * count * es;
   } else {
     sendbuf = pool + 1 + (size_t)(rank % 3);
     recvbuf = pool + ((send_n * es + 64 + 63) & ~(size_t)63) + 3;

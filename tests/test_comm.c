@@ -488,11 +488,15 @@ TEST_IMPL(comm_unique_id_hex) {
 /* A rank whose part of an operation is only to send (the sender of a
  * Send that fits the FIFO, the root of a Broadcast) is done before its
  * peer has looked at anything, and may destroy its communicator at once:
- * the peer must still finish. Repeated because it is a race. */
-static int send_destroy_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
-  int bcast = arg != NULL;
-  ncclComm_t comm;
-  RCHECK(NULL, ncclCommInitRank(&comm, nranks, id, rank));
+ * the peer must still finish. Repeated because it is a race: each job
+ * races on communicators split off its first one, then on the first one
+ * itself, whose destroy is followed by the process's exit. Splits, not
+ * new jobs, make most rounds, since forking ranks and discovering the
+ * host's topology are most of a job's start and a sanitizer multiplies
+ * both. */
+enum { DESTROY_JOBS = 10, DESTROY_SPLITS = 4 };
+
+static int send_then_destroy(ncclComm_t comm, int rank, int bcast) {
   float b[100];
   for (int i = 0; i < 100; i++)
     b[i] = rank == 0 ? (float)i : -1.0f;
@@ -508,10 +512,25 @@ static int send_destroy_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
   return 0;
 }
 
+static int send_destroy_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
+  int bcast = arg != NULL;
+  ncclComm_t parent;
+  RCHECK(NULL, ncclCommInitRank(&parent, nranks, id, rank));
+  for (int i = 0; i < DESTROY_SPLITS; i++) {
+    ncclComm_t comm;
+    RCHECK(parent, ncclCommSplit(parent, 0, rank, &comm, NULL));
+    if (send_then_destroy(comm, rank, bcast) != 0) {
+      fprintf(stderr, "rank %d: failed in split %d of %d\n", rank, i + 1, DESTROY_SPLITS);
+      return 1;
+    }
+  }
+  return send_then_destroy(parent, rank, bcast);
+}
+
 static int destroy_race(int bcast) {
-  for (int i = 0; i < 50; i++)
+  for (int i = 0; i < DESTROY_JOBS; i++)
     if (run_ranks(2, send_destroy_rank, bcast ? (void *)1 : NULL) != 0) {
-      fprintf(stderr, "failed in round %d of 50\n", i + 1);
+      fprintf(stderr, "failed in job %d of %d\n", i + 1, DESTROY_JOBS);
       return 1;
     }
   return 0;

@@ -117,6 +117,64 @@ static int on_two_ranks(comm_fn fn) { return run_ranks(2, with_comm, (void *)fn)
 
 /* ---- buffers ---- */
 
+/* Buffers that overlap without being in place are refused on the rank
+ * that passes them, before anything moves; in place, as NCCL defines it
+ * per collective, still runs. Rank 1 is the root of rooted calls, so
+ * that rank 0's refused call is one whose buffers it does use. */
+static int overlap(ncclComm_t comm, int rank, int nranks) {
+  static float big[1024];
+  const size_t n = 4;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (k == K_BCAST || k == K_SEND || k == K_RECV)
+      continue; /* one buffer each */
+    /* A rank's refusal is its own: both ranks refuse here, each on its
+     * own buffers, so no peer is left waiting. */
+    int root = rank;
+    EXPECT(comm, call_k(k, big, big + 1, n, ncclFloat, ncclSum, root, comm, NULL), ncclInvalidArgument, kname[k],
+           "overlap", "not in place");
+    EXPECT(comm, call_k(k, big + 1, big, n, ncclFloat, ncclSum, root, comm, NULL), ncclInvalidArgument, kname[k],
+           "overlap");
+  }
+  /* Gathered and scattered sides: in place is this rank's block only. */
+  float *mine = big + 64 + (size_t)rank * n, *other = big + 64 + (size_t)(1 - rank) * n;
+  EXPECT(comm, ncclAllGather(other, big + 64, n, ncclFloat, comm, NULL), ncclInvalidArgument, "ncclAllGather",
+         "overlap", "sendbuff == recvbuff + rank * sendcount", S("%p", (void *)mine));
+  EXPECT(comm, ncclReduceScatter(big + 64, big + 65, n, ncclFloat, ncclSum, comm, NULL), ncclInvalidArgument,
+         "ncclReduceScatter", "overlap", "recvbuff == sendbuff + rank * recvcount", "MPI's recvbuff == sendbuff",
+         S("%p", (void *)mine));
+  /* A buffer that ends where the other begins does not overlap. */
+  for (int i = 0; i < 8; i++)
+    big[i] = (float)(rank + 1);
+  RCHECK(comm, ncclAllReduce(big, big + n, n, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < n; i++)
+    RASSERT(big[n + i] == 3.0f && big[i] == (float)(rank + 1), "rank %d: element %zu of the adjacent AllReduce", rank,
+            i);
+  /* In place, every kind that has it. */
+  RCHECK(comm, ncclAllReduce(big, big, n, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < n; i++)
+    mine[i] = (float)(10 * rank + (int)i);
+  RCHECK(comm, ncclAllGather(mine, big + 64, n, ncclFloat, comm, NULL));
+  for (int q = 0; q < nranks; q++)
+    for (size_t i = 0; i < n; i++)
+      RASSERT(big[64 + (size_t)q * n + i] == (float)(10 * q + (int)i), "rank %d: in-place AllGather element %zu of %d",
+              rank, i, q);
+  RCHECK(comm, ncclReduceScatter(big + 64, mine, n, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < n; i++)
+    RASSERT(mine[i] == (float)(10 * rank + (int)i) * 2, "rank %d: in-place ReduceScatter element %zu is %g", rank, i,
+            mine[i]);
+  /* MPI's in-place ReduceScatter: the result at the start of the input. */
+  for (int q = 0; q < nranks; q++)
+    for (size_t i = 0; i < n; i++)
+      big[64 + (size_t)q * n + i] = (float)(q + 1);
+  RCHECK(comm, ncclReduceScatter(big + 64, big + 64, n, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < n; i++)
+    RASSERT(big[64 + i] == (float)(rank + 1) * (float)nranks, "rank %d: MPI-style in-place ReduceScatter element %zu "
+            "is %g", rank, i, big[64 + i]);
+  return 0;
+}
+
+TEST_IMPL(errors_overlap) { return on_two_ranks(overlap); }
+
 /* ncclBcast has one buffer: errors_bcast_null_buff. */
 static int null_buffers(ncclComm_t comm, int rank, int nranks) {
   for (int k = 0; k < K_COUNT; k++) {

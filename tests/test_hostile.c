@@ -452,17 +452,24 @@ TEST_IMPL(hostile_root_flood) {
   char root[128];
   ASSERT_OK(loomUniqueIdRootAddress(&id, root, sizeof root));
 
-  struct root_hello wrong;
+  /* A whole greeting of the right shape: a challenge and a proof the
+   * stranger could only guess, since the secret never crosses the wire. */
+  struct {
+    struct boot_chal chal;
+    struct boot_proof proof;
+  } wrong;
   memset(&wrong, 0, sizeof wrong);
-  memcpy(wrong.magic, hello_magic, sizeof wrong.magic);
-  fill_random(&wrong.secret, sizeof wrong.secret);
-  wrong.rank = 0;
-  wrong.nranks = N;
-  snprintf(wrong.host, sizeof wrong.host, "stranger");
+  memcpy(wrong.chal.magic, chal_magic, sizeof wrong.chal.magic);
+  wrong.chal.from = 0;
+  wrong.chal.to = BOOT_TO_ROOT;
+  wrong.chal.nranks = N;
+  fill_random(wrong.chal.nonce, sizeof wrong.chal.nonce);
+  memcpy(wrong.proof.magic, proof_magic, sizeof wrong.proof.magic);
+  fill_random(wrong.proof.mac, sizeof wrong.proof.mac);
   static struct hx_flood f;
   /* More connections than the root reads at once, all before the first
    * rank, and more while the ranks join. */
-  hx_flood(&f, root, FLOOD, &wrong, sizeof wrong, offsetof(struct root_hello, rank) + 3);
+  hx_flood(&f, root, FLOOD, &wrong, sizeof wrong, offsetof(struct boot_chal, to) + 3);
   for (int r = 0; r < N; r++)
     hx_send(&k[r], &id, sizeof id);
   hx_flood(&f, root, LATE, &wrong, sizeof wrong, 11);
@@ -523,16 +530,22 @@ TEST_IMPL(hostile_rank_flood) {
     const char *a = hx_log_wait(&k[r], 0, needle, 10);
     ASSERT(sscanf(a, "%127s", addr[r]) == 1);
   }
-  struct msg_hdr wrong;
-  memset(&wrong, 0, sizeof wrong);
-  memcpy(wrong.magic, msg_magic, sizeof wrong.magic);
-  fill_random(&wrong.secret, sizeof wrong.secret);
-  wrong.from = 1;
-  wrong.tag = 5;
-  wrong.len = 64;
   static struct hx_flood f[N];
   for (int r = 0; r < N; r++) {
-    hx_flood(&f[r], addr[r], FLOOD, &wrong, sizeof wrong, offsetof(struct msg_hdr, secret) + 3);
+    /* As a rank of the job would greet rank r, without the secret. */
+    struct {
+      struct boot_chal chal;
+      struct boot_proof proof;
+    } wrong;
+    memset(&wrong, 0, sizeof wrong);
+    memcpy(wrong.chal.magic, chal_magic, sizeof wrong.chal.magic);
+    wrong.chal.from = (r + 1) % N;
+    wrong.chal.to = r;
+    wrong.chal.nranks = N;
+    fill_random(wrong.chal.nonce, sizeof wrong.chal.nonce);
+    memcpy(wrong.proof.magic, proof_magic, sizeof wrong.proof.magic);
+    fill_random(wrong.proof.mac, sizeof wrong.proof.mac);
+    hx_flood(&f[r], addr[r], FLOOD, &wrong, sizeof wrong, offsetof(struct boot_chal, nonce) + 3);
     hx_flood_report(&f[r], addr[r]);
   }
   for (int r = 0; r < N; r++)
@@ -553,6 +566,13 @@ TEST_IMPL(hostile_rank_flood) {
     int held = hx_flood_closed(&f[r], 15.0, &kind);
     ASSERT_MSG(held == 0, "rank %d's listener still holds %d flood connections (one: %s) after the job", r, held,
                kind);
+    /* Strangers are logged, a flood of them not line by line: the first
+     * 16 (BOOT_WARN_FIRST), then a line a second at most, then one that
+     * counts the rest; each rank split in under 10 s. */
+    char needle[64];
+    snprintf(needle, sizeof needle, "NCCL WARN bootstrap: rank %d", r);
+    int lines = hx_log_count(&k[r], needle);
+    ASSERT_MSG(lines >= 1 && lines <= 16 + 10 + 2, "rank %d logged %d WARN lines about %d strangers", r, lines, FLOOD);
   }
   hx_release_all();
   return 0;

@@ -41,6 +41,8 @@ static void print_params(void) {
   for (int i = 0; i < P_COUNT; i++) {
     const struct param_desc *p = param_desc(i);
     const char *v = getenv(p->name);
+    if (v && v[0] && i == P_SECRET)
+      v = "(set, not shown)"; /* a secret is not for the terminal or a pasted report */
     printf("  %-22s = %-14s (default %s)\n      %s\n", p->name, v && v[0] ? v : "(unset)", p->def[0] ? p->def : "none",
            p->help);
   }

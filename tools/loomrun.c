@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "launch.h"
 
@@ -41,7 +42,12 @@ static void usage(FILE *f) {
           "  -h, --help         this text\n"
           "\n"
           "Exits 0 when every rank exits 0; otherwise the first failing rank's status\n"
-          "(128+signal when killed), 124 on timeout, 127 when program cannot run.\n",
+          "(128+signal when killed), 124 on timeout, 127 when program cannot run.\n"
+          "\n"
+          "Unless LOOM_SECRET or LOOM_SECRET_FILE is set, the ranks get a random\n"
+          "LOOM_SECRET of their own, which a job started with NCCL_COMM_ID needs so that\n"
+          "no stranger can join it. With --ranks on several hosts, set LOOM_SECRET to\n"
+          "the same value on each.\n",
           prog);
 }
 
@@ -131,6 +137,21 @@ int main(int argc, char **argv) {
     o.ranks = ranks;
   }
   o.argv = argv + optind;
+  /* A job on this host alone gets a secret of its own; across hosts the
+   * loomruns would each make another, so the user gives one to all. */
+  const char *sec = getenv("LOOM_SECRET"), *secf = getenv("LOOM_SECRET_FILE");
+  if ((!sec || !sec[0]) && (!secf || !secf[0]) && !ranklist && !o.id_in && !o.id_out) {
+    unsigned char raw[32];
+    char hex[2 * sizeof raw + 1];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+      fprintf(stderr, "%s: cannot draw a random LOOM_SECRET: %s\n", prog, strerror(errno));
+      free(ranks);
+      return 1;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+      snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    setenv("LOOM_SECRET", hex, 1);
+  }
   int rc = loomLaunch(prog, &o);
   free(ranks);
   return rc;

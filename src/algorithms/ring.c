@@ -13,73 +13,82 @@
 
 #include <string.h>
 
-static inline int mod(int a, int n) { return ((a % n) + n) % n; }
-
-/* One loop of AllReduce over [base, base + n*lc) of this channel's range:
- * chunk j is [base + j*lc, ...) clipped to the range end. */
-static ncclResult_t allreduce_loop(const struct ring_args *a, struct schedule *s, size_t base, size_t lc) {
-  int n = a->nranks, i = a->index;
-  size_t end = a->off + a->len;
-#define CHUNK_OFF(j) (LOOM_MIN(base + (size_t)(j) * lc, end))
-#define CHUNK_LEN(j) (LOOM_MIN(base + (size_t)(j) * lc + lc, end) - CHUNK_OFF(j))
-  int c = mod(i - 1, n);
-  CHECK(schedule_push(s, STEP_SEND, 0, CHUNK_OFF(c), CHUNK_OFF(c), CHUNK_LEN(c)));
-  for (int k = 1; k <= n - 2; k++) {
-    c = mod(i - k - 1, n);
-    CHECK(schedule_push(s, STEP_RECV_REDUCE_SEND, 0, CHUNK_OFF(c), CHUNK_OFF(c), CHUNK_LEN(c)));
-  }
-  c = i;
-  CHECK(schedule_push(s, STEP_RECV_REDUCE_COPY_SEND, STEP_FINAL, CHUNK_OFF(c), CHUNK_OFF(c), CHUNK_LEN(c)));
-  for (int m = 1; m <= n - 2; m++) {
-    c = mod(i - m, n);
-    CHECK(schedule_push(s, STEP_RECV_COPY_SEND, 0, CHUNK_OFF(c), CHUNK_OFF(c), CHUNK_LEN(c)));
-  }
-  c = mod(i + 1, n);
-  CHECK(schedule_push(s, STEP_RECV, 0, CHUNK_OFF(c), CHUNK_OFF(c), CHUNK_LEN(c)));
-#undef CHUNK_OFF
-#undef CHUNK_LEN
-  return ncclSuccess;
+static inline int mod(int a, int n) {
+  int r = a % n; /* not (a % n + n) % n, which overflows for n above INT_MAX / 2 */
+  return r < 0 ? r + n : r;
 }
 
-static ncclResult_t allreduce(const struct ring_args *a, struct schedule *s) {
-  size_t n = (size_t)a->nranks;
-  for (size_t base = a->off; base < a->off + a->len;) {
-    size_t left = a->off + a->len - base;
-    /* The last loop spreads what is left evenly over the chunks instead of
-     * leaving one rank with all of it. */
-    size_t lc = LOOM_MIN(a->chunk, LOOM_ALIGN_UP(LOOM_DIV_UP(left, n), a->align));
-    CHECK(allreduce_loop(a, s, base, lc));
-    base += LOOM_MIN(left, lc * n);
+#define REL (TMPL_REL_SRC | TMPL_REL_DST)
+
+/* One iteration of AllReduce: chunk c is the iteration's c-th. */
+static ncclResult_t allreduce_tmpl(const struct ring_args *a, struct schedule *s) {
+  int n = a->nranks, i = a->index;
+  CHECK(schedule_tmpl(s, STEP_SEND, 0, 0, 0, mod(i - 1, n), REL, 0, 0));
+  for (int k = 1; k <= n - 2; k++)
+    CHECK(schedule_tmpl(s, STEP_RECV_REDUCE_SEND, 0, 0, 0, mod(i - k - 1, n), REL, 0, 0));
+  CHECK(schedule_tmpl(s, STEP_RECV_REDUCE_COPY_SEND, STEP_FINAL, 0, 0, i, REL, 0, 0));
+  for (int m = 1; m <= n - 2; m++)
+    CHECK(schedule_tmpl(s, STEP_RECV_COPY_SEND, 0, 0, 0, mod(i - m, n), REL, 0, 0));
+  return schedule_tmpl(s, STEP_RECV, 0, 0, 0, mod(i + 1, n), REL, 0, 0);
+}
+
+/* Loops of nranks chunks of `chunk` elements over this channel's range,
+ * then, for what is left, one loop whose chunks spread it evenly instead
+ * of leaving one rank with all of it. */
+static ncclResult_t allreduce(const struct ring_args *a, struct schedule *s, size_t end) {
+  size_t n = (size_t)a->nranks, span;
+  if (__builtin_mul_overflow(a->chunk, n, &span))
+    return err_set(ncclInternalError, "ring AllReduce loops of %zu x %zu elements overflow", a->chunk, n);
+  size_t full = a->len / span, left = a->len % span;
+  if (full) {
+    CHECK(schedule_loop(s, a->off, span, a->chunk, end, full));
+    CHECK(allreduce_tmpl(a, s));
   }
-  return ncclSuccess;
+  if (!left)
+    return ncclSuccess;
+  size_t lc = left / n + (left % n != 0);
+  lc += (a->align - lc % a->align) % a->align; /* lc <= chunk here: no overflow */
+  lc = LOOM_MIN(a->chunk, lc);
+  size_t start = a->off + full * span;
+  if (full)
+    return schedule_loop_again(s, start, lc * n, lc, end, 1);
+  CHECK(schedule_loop(s, start, lc * n, lc, end, 1));
+  return allreduce_tmpl(a, s);
 }
 
 /* ReduceScatter and AllGather work on each rank's block of `count`
- * elements; the chunk at ring position c is block ring[c]. */
+ * elements; the chunk at ring position c is block ring[c]. Iterations are
+ * one chunk each. */
+static ncclResult_t block_of(const struct ring_args *a, int c, size_t *out) {
+  if (__builtin_mul_overflow((size_t)a->ring[c], a->count, out))
+    return err_set(ncclInternalError, "block %d of %zu elements overflows", a->ring[c], a->count);
+  return ncclSuccess;
+}
+
 static ncclResult_t reduce_scatter(const struct ring_args *a, struct schedule *s) {
   int n = a->nranks, i = a->index;
-  for (size_t base = a->off; base < a->off + a->len; base += a->chunk) {
-    size_t lc = LOOM_MIN(a->chunk, a->off + a->len - base);
-#define BLOCK(c) ((size_t)a->ring[(c)] * a->count + base)
-    CHECK(schedule_push(s, STEP_SEND, 0, BLOCK(mod(i - 1, n)), 0, lc));
-    for (int k = 1; k <= n - 2; k++)
-      CHECK(schedule_push(s, STEP_RECV_REDUCE_SEND, 0, BLOCK(mod(i - k - 1, n)), 0, lc));
-    CHECK(schedule_push(s, STEP_RECV_REDUCE_COPY, STEP_FINAL, BLOCK(i), base, lc));
+  size_t b;
+  CHECK(block_of(a, mod(i - 1, n), &b));
+  CHECK(schedule_tmpl(s, STEP_SEND, 0, 0, 0, 0, TMPL_REL_SRC, b, 0));
+  for (int k = 1; k <= n - 2; k++) {
+    CHECK(block_of(a, mod(i - k - 1, n), &b));
+    CHECK(schedule_tmpl(s, STEP_RECV_REDUCE_SEND, 0, 0, 0, 0, TMPL_REL_SRC, b, 0));
   }
-  return ncclSuccess;
+  CHECK(block_of(a, i, &b));
+  return schedule_tmpl(s, STEP_RECV_REDUCE_COPY, STEP_FINAL, 0, 0, 0, REL, b, 0);
 }
 
 static ncclResult_t all_gather(const struct ring_args *a, struct schedule *s) {
   int n = a->nranks, i = a->index;
-  for (size_t base = a->off; base < a->off + a->len; base += a->chunk) {
-    size_t lc = LOOM_MIN(a->chunk, a->off + a->len - base);
-    CHECK(schedule_push(s, STEP_COPY_SEND, 0, base, BLOCK(i), lc));
-    for (int k = 1; k <= n - 2; k++)
-      CHECK(schedule_push(s, STEP_RECV_COPY_SEND, 0, 0, BLOCK(mod(i - k, n)), lc));
-    CHECK(schedule_push(s, STEP_RECV, 0, 0, BLOCK(mod(i + 1, n)), lc));
-#undef BLOCK
+  size_t b;
+  CHECK(block_of(a, i, &b));
+  CHECK(schedule_tmpl(s, STEP_COPY_SEND, 0, 0, 0, 0, REL, 0, b));
+  for (int k = 1; k <= n - 2; k++) {
+    CHECK(block_of(a, mod(i - k, n), &b));
+    CHECK(schedule_tmpl(s, STEP_RECV_COPY_SEND, 0, 0, 0, 0, TMPL_REL_DST, 0, b));
   }
-  return ncclSuccess;
+  CHECK(block_of(a, mod(i + 1, n), &b));
+  return schedule_tmpl(s, STEP_RECV, 0, 0, 0, 0, TMPL_REL_DST, 0, b);
 }
 
 static int ring_index_of(const struct ring_args *a, int rank) {
@@ -94,9 +103,7 @@ static ncclResult_t broadcast(const struct ring_args *a, struct schedule *s) {
   int n = a->nranks;
   int p = mod(a->index - ring_index_of(a, a->root), n);
   int kind = p == 0 ? STEP_COPY_SEND : p == n - 1 ? STEP_RECV : STEP_RECV_COPY_SEND;
-  for (size_t base = a->off; base < a->off + a->len; base += a->chunk)
-    CHECK(schedule_push(s, kind, 0, base, base, LOOM_MIN(a->chunk, a->off + a->len - base)));
-  return ncclSuccess;
+  return schedule_tmpl(s, kind, 0, 0, 0, 0, REL, 0, 0);
 }
 
 /* A chain along the ring that ends at the root. */
@@ -104,35 +111,41 @@ static ncclResult_t reduce(const struct ring_args *a, struct schedule *s) {
   int n = a->nranks;
   int q = mod(a->index - ring_index_of(a, a->root) - 1, n);
   int kind = q == 0 ? STEP_SEND : q == n - 1 ? STEP_RECV_REDUCE_COPY : STEP_RECV_REDUCE_SEND;
-  int flags = q == n - 1 ? STEP_FINAL : 0;
-  for (size_t base = a->off; base < a->off + a->len; base += a->chunk)
-    CHECK(schedule_push(s, kind, flags, base, base, LOOM_MIN(a->chunk, a->off + a->len - base)));
-  return ncclSuccess;
+  return schedule_tmpl(s, kind, q == n - 1 ? STEP_FINAL : 0, 0, 0, 0, REL, 0, 0);
+}
+
+static ncclResult_t build(const struct ring_args *a, struct schedule *out, size_t end) {
+  if (a->nranks == 1) {
+    /* Alone, every collective is a copy, but Avg and PreMulSum still apply. */
+    CHECK(schedule_loop(out, a->off, a->len, a->len, end, 1));
+    return schedule_tmpl(out, STEP_COPY, STEP_FINAL, 0, 0, 0, REL, 0, 0);
+  }
+  if (a->coll == COLL_ALLREDUCE)
+    return allreduce(a, out, end);
+  /* The others: one chunk per iteration, the last one clipped. */
+  CHECK(schedule_loop(out, a->off, a->chunk, a->chunk, end, a->len / a->chunk + (a->len % a->chunk != 0)));
+  switch (a->coll) {
+  case COLL_REDUCESCATTER: return reduce_scatter(a, out);
+  case COLL_ALLGATHER: return all_gather(a, out);
+  case COLL_BROADCAST: return broadcast(a, out);
+  case COLL_REDUCE: return reduce(a, out);
+  default: return err_set(ncclInternalError, "no ring schedule for collective %d", a->coll);
+  }
 }
 
 ncclResult_t ring_schedule(const struct ring_args *a, struct schedule *out) {
-  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
+  schedule_clear(out); /* keeps the template buffer of an earlier schedule */
   if (a->len == 0)
     return ncclSuccess;
-  if (a->chunk == 0 || a->align == 0 || a->nranks < 1)
-    return err_set(ncclInternalError, "ring schedule asked for with chunk %zu, align %zu, nranks %d", a->chunk,
-                   a->align, a->nranks);
-  ncclResult_t r;
-  if (a->nranks == 1) {
-    /* Alone, every collective is a copy, but Avg and PreMulSum still apply. */
-    size_t src = a->off, dst = a->off;
-    r = schedule_push(out, STEP_COPY, STEP_FINAL, src, dst, a->len);
-  } else {
-    switch (a->coll) {
-    case COLL_ALLREDUCE: r = allreduce(a, out); break;
-    case COLL_REDUCESCATTER: r = reduce_scatter(a, out); break;
-    case COLL_ALLGATHER: r = all_gather(a, out); break;
-    case COLL_BROADCAST: r = broadcast(a, out); break;
-    case COLL_REDUCE: r = reduce(a, out); break;
-    default: r = err_set(ncclInternalError, "no ring schedule for collective %d", a->coll);
-    }
-  }
+  size_t end;
+  if (a->chunk == 0 || a->align == 0 || a->nranks < 1 || a->index < 0 || a->index >= a->nranks ||
+      __builtin_add_overflow(a->off, a->len, &end))
+    return err_set(ncclInternalError, "ring schedule asked for with chunk %zu, align %zu, nranks %d, range %zu+%zu",
+                   a->chunk, a->align, a->nranks, a->off, a->len);
+  ncclResult_t r = build(a, out, end);
+  if (r == ncclSuccess)
+    r = schedule_finish(out);
   if (r != ncclSuccess)
-    schedule_free(out);
+    schedule_clear(out);
   return r;
 }

@@ -14,35 +14,149 @@ static const char *step_names[STEP_KIND_COUNT] = {
 
 const char *step_name(int kind) { return kind >= 0 && kind < STEP_KIND_COUNT ? step_names[kind] : "?"; }
 
-ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, size_t dst, size_t n) {
-  return schedule_push_peer(s, kind, flags, 0, 0, src, dst, n);
+void schedule_clear(struct schedule *s) {
+  s->nsteps = 0;
+  s->nloops = s->ntmpl = 0;
 }
 
-ncclResult_t schedule_push_peer(struct schedule *s, int kind, int flags, int si, int ri, size_t src, size_t dst,
-                                size_t n) {
-  if (n == 0)
-    return ncclSuccess; /* both ends of a connection skip the same empty chunks */
-  if (s->nsteps == s->cap) {
-    int cap = s->cap ? s->cap * 2 : 16;
-    struct step *ns = realloc(s->steps, sizeof *ns * cap);
-    if (!ns)
-      return err_set(ncclSystemError, "out of memory for a schedule of %d steps", cap);
-    s->steps = ns;
-    s->cap = cap;
-  }
-  s->steps[s->nsteps++] = (struct step){.kind = (uint8_t)kind, .flags = (uint8_t)flags, .si = (uint8_t)si,
-                                         .ri = (uint8_t)ri, .src_off = src, .dst_off = dst, .nelem = n};
+static ncclResult_t add_loop(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end, size_t count,
+                             uint32_t first, uint32_t ntmpl) {
+  if (s->nloops == SCHED_MAX_LOOPS)
+    return err_set(ncclInternalError, "a schedule of more than %d loops", SCHED_MAX_LOOPS);
+  s->loops[s->nloops++] = (struct sched_loop){
+      .start = start, .stride = stride, .chunk = chunk, .end = end, .count = count, .first = first, .ntmpl = ntmpl};
   return ncclSuccess;
 }
 
+ncclResult_t schedule_loop(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end, size_t count) {
+  return add_loop(s, start, stride, chunk, end, count, s->ntmpl, 0);
+}
+
+ncclResult_t schedule_loop_again(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end,
+                                 size_t count) {
+  if (s->nloops == 0)
+    return err_set(ncclInternalError, "a schedule loop repeats templates that no loop has");
+  const struct sched_loop *prev = &s->loops[s->nloops - 1];
+  return add_loop(s, start, stride, chunk, end, count, prev->first, prev->ntmpl);
+}
+
+ncclResult_t schedule_tmpl(struct schedule *s, int kind, int flags, int si, int ri, int chunk, int rel, size_t src,
+                           size_t dst) {
+  const struct sched_loop *cur = &s->loops[s->nloops ? s->nloops - 1 : 0];
+  if (s->nloops == 0 || cur->first + cur->ntmpl != s->ntmpl || (s->nloops > 1 && cur[-1].first == cur->first))
+    return err_set(ncclInternalError, "a schedule template outside a loop of its own");
+  if (s->ntmpl == s->cap) {
+    /* Templates grow with the ranks, never with the count. */
+    uint32_t cap = s->cap ? s->cap * 2 : 16;
+    if (cap <= s->cap) /* 2^31 templates: ranks an int cannot count */
+      return err_set(ncclInternalError, "a schedule of more than %u step templates", s->cap);
+    struct step_tmpl *nt = realloc(s->tmpl, sizeof *nt * (size_t)cap);
+    if (!nt)
+      return err_set(ncclSystemError, "out of memory for a schedule of %u step templates", cap);
+    s->tmpl = nt;
+    s->cap = cap;
+  }
+  s->tmpl[s->ntmpl++] = (struct step_tmpl){.kind = (uint8_t)kind, .flags = (uint8_t)flags, .si = (uint8_t)si,
+                                           .ri = (uint8_t)ri, .rel = (uint8_t)rel, .chunk = (uint32_t)chunk,
+                                           .src_off = src, .dst_off = dst};
+  s->loops[s->nloops - 1].ntmpl++;
+  return ncclSuccess;
+}
+
+/* Whether a loop keeps sched_at's arithmetic within 64 bits, and the
+ * promises schedule_slots relies on: no iteration is wholly past the end,
+ * and iterations do not overlap (so only the last can be clipped). */
+static ncclResult_t check_loop(const struct schedule *s, uint32_t l) {
+  const struct sched_loop *lp = &s->loops[l];
+  if (lp->ntmpl == 0 || lp->count == 0 || lp->chunk == 0)
+    return err_set(ncclInternalError, "schedule loop %u has %u templates, %llu iterations, chunks of %llu", l,
+                   lp->ntmpl, (unsigned long long)lp->count, (unsigned long long)lp->chunk);
+  uint64_t maxc = 0, span, last, top;
+  for (uint32_t t = lp->first; t < lp->first + lp->ntmpl; t++)
+    maxc = LOOM_MAX(maxc, (uint64_t)s->tmpl[t].chunk);
+  int bad = __builtin_mul_overflow(maxc + 1, lp->chunk, &span) ||
+            __builtin_mul_overflow(lp->count - 1, lp->stride, &last) ||
+            __builtin_add_overflow(last, lp->start, &last) || __builtin_add_overflow(lp->end, span, &top) ||
+            last >= lp->end || (lp->count > 1 && lp->stride < span);
+  for (uint32_t t = lp->first; t < lp->first + lp->ntmpl && !bad; t++) {
+    uint64_t x;
+    bad = __builtin_add_overflow(s->tmpl[t].src_off, lp->end, &x) ||
+          __builtin_add_overflow(s->tmpl[t].dst_off, lp->end, &x);
+  }
+  if (bad)
+    return err_set(ncclInternalError,
+                   "schedule loop %u (start %llu, stride %llu, chunk %llu, end %llu, %llu iterations) does not fit "
+                   "in 64 bits or overlaps itself",
+                   l, (unsigned long long)lp->start, (unsigned long long)lp->stride, (unsigned long long)lp->chunk,
+                   (unsigned long long)lp->end, (unsigned long long)lp->count);
+  return ncclSuccess;
+}
+
+ncclResult_t schedule_finish(struct schedule *s) {
+  uint64_t n = 0;
+  for (uint32_t l = 0; l < s->nloops; l++) {
+    struct sched_loop *lp = &s->loops[l];
+    uint64_t steps;
+    ncclResult_t r = check_loop(s, l);
+    if (r == ncclSuccess && (__builtin_mul_overflow(lp->count, (uint64_t)lp->ntmpl, &steps) ||
+                             __builtin_add_overflow(n, steps, &steps)))
+      r = err_set(ncclInternalError, "a schedule of more than 2^64 steps");
+    if (r != ncclSuccess) {
+      schedule_clear(s);
+      return r;
+    }
+    lp->first_step = n;
+    n = steps;
+  }
+  s->nsteps = n;
+  return ncclSuccess;
+}
+
+static uint64_t slots_of(uint64_t nelem, uint64_t piece) { return nelem / piece + (nelem % piece != 0); }
+
+void schedule_slots(const struct schedule *s, uint64_t piece, uint64_t *sends, uint64_t *recvs) {
+  for (uint32_t l = 0; l < s->nloops; l++) {
+    const struct sched_loop *lp = &s->loops[l];
+    uint64_t maxc = 0;
+    for (uint32_t t = lp->first; t < lp->first + lp->ntmpl; t++)
+      maxc = LOOM_MAX(maxc, (uint64_t)s->tmpl[t].chunk);
+    /* Iterations that clipping leaves whole come first and are alike;
+     * check_loop saw to it that at most the last one is not. */
+    uint64_t span = (maxc + 1) * lp->chunk, room = lp->end - lp->start, whole = 0;
+    if (room >= span)
+      whole = lp->stride ? LOOM_MIN(lp->count, (room - span) / lp->stride + 1) : lp->count;
+    for (uint32_t t = lp->first; t < lp->first + lp->ntmpl; t++) {
+      const struct step_tmpl *tp = &s->tmpl[t];
+      uint64_t n = whole * slots_of(lp->chunk, piece);
+      if (step_sends(tp->kind))
+        sends[tp->si] += n;
+      if (step_recvs(tp->kind))
+        recvs[tp->ri] += n;
+    }
+    for (uint64_t it = whole; it < lp->count; it++)
+      for (uint32_t t = 0; t < lp->ntmpl; t++) {
+        struct step st;
+        sched_at(s, lp->first_step + it * lp->ntmpl + t, &st);
+        if (step_sends(st.kind))
+          sends[st.si] += slots_of(st.nelem, piece);
+        if (step_recvs(st.kind))
+          recvs[st.ri] += slots_of(st.nelem, piece);
+      }
+  }
+}
+
 void schedule_free(struct schedule *s) {
-  free(s->steps);
+  free(s->tmpl);
   memset(s, 0, sizeof *s);
 }
 
 void schedule_channel_range(size_t total, int c, int nchannels, size_t align, size_t *off, size_t *len) {
-  size_t per = LOOM_ALIGN_UP(LOOM_DIV_UP(total, (size_t)nchannels), align);
-  size_t o = per * (size_t)c;
+  /* Written so that no count the size_t can hold overflows it. */
+  size_t per = total / (size_t)nchannels + (total % (size_t)nchannels != 0), o;
+  if (per % align && per <= SIZE_MAX - align)
+    per += align - per % align;
+  if (__builtin_mul_overflow(per, (size_t)c, &o))
+    o = total;
   *off = o < total ? o : total;
   *len = o < total ? LOOM_MIN(per, total - o) : 0;
 }
@@ -50,6 +164,15 @@ void schedule_channel_range(size_t total, int c, int nchannels, size_t align, si
 /* Point to point: the whole message is one step, cut into slots by the
  * executor like any other. */
 ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out) {
-  out->nsteps = 0; /* keeps the steps buffer of an earlier schedule */
-  return schedule_push(out, coll == COLL_SEND ? STEP_SEND : STEP_RECV, 0, 0, 0, count);
+  schedule_clear(out); /* keeps the template buffer of an earlier schedule */
+  if (count == 0)
+    return ncclSuccess;
+  ncclResult_t r = schedule_loop(out, 0, count, count, count, 1);
+  if (r == ncclSuccess)
+    r = schedule_tmpl(out, coll == COLL_SEND ? STEP_SEND : STEP_RECV, 0, 0, 0, 0, TMPL_REL_SRC | TMPL_REL_DST, 0, 0);
+  if (r == ncclSuccess)
+    r = schedule_finish(out);
+  if (r != ncclSuccess)
+    schedule_clear(out);
+  return r;
 }

@@ -37,6 +37,7 @@ enum step_kind {
  * and children, recursive doubling's partners. */
 #define WORK_MAX_PEERS 12
 
+/* A step as the executors see it. */
 struct step {
   uint8_t kind;
   uint8_t flags;
@@ -53,13 +54,49 @@ struct sched_peers {
   int send[WORK_MAX_PEERS], recv[WORK_MAX_PEERS];
 };
 
+/* A schedule is stored as loops over chunks, never as its expanded steps,
+ * so that its size depends on the ranks and the algorithm but not on the
+ * count: a 2^57-byte AllReduce is planned in the memory of a small one.
+ * Loop l runs `count` iterations; iteration i owns the chunks starting at
+ * start + i*stride, `chunk` elements each, clipped to `end`; for every
+ * iteration its templates [first, first + ntmpl) give one step each, in
+ * order. Steps that clipping leaves empty are skipped by every executor
+ * (both ends of a connection skip the same ones). */
+struct sched_loop {
+  uint64_t start, stride, chunk, end, count;
+  uint64_t first_step; /* index of the loop's first step in the schedule */
+  uint32_t first, ntmpl;
+};
+
+/* Offsets of a template that count from its chunk's start; the others
+ * are absolute (a receive's unused input, say). */
+#define TMPL_REL_SRC 0x1
+#define TMPL_REL_DST 0x2
+
+struct step_tmpl {
+  uint8_t kind, flags, si, ri;
+  uint8_t rel;     /* TMPL_REL_* */
+  uint8_t pad[3];
+  uint32_t chunk;  /* which chunk of the iteration */
+  uint32_t pad2;
+  uint64_t src_off, dst_off;
+};
+
+/* At most this many loops: a ring AllReduce's full loops and its last
+ * one, a tree's way up and way down. */
+#define SCHED_MAX_LOOPS 4
+
 /* The builders (ring_schedule, tree_schedule, rd_schedule,
  * p2p_schedule) take a zeroed schedule or one they filled before, whose
- * steps buffer they reuse: a communicator's works keep theirs from call
- * to call. */
+ * template buffer they reuse: a communicator's works keep theirs from
+ * call to call. The CUDA executor copies the whole structure into its
+ * launch, with `tmpl` pointing at a device copy of the templates. */
 struct schedule {
-  int nsteps, cap;
-  struct step *steps;
+  uint64_t nsteps; /* steps, empty ones included: sched_at's range */
+  uint32_t nloops, ntmpl, cap;
+  uint32_t pad;
+  struct sched_loop loops[SCHED_MAX_LOOPS];
+  struct step_tmpl *tmpl;
 };
 
 /* The CUDA kernel walks the same steps. */
@@ -68,6 +105,30 @@ struct schedule {
 #else
 #define LOOM_HOST_DEVICE
 #endif
+
+/* Step k (< s->nsteps) of a schedule; its nelem is 0 where the step is
+ * one to skip. The host executor and the CUDA kernel both expand steps
+ * with this, one at a time, as they reach them. schedule_finish checked
+ * that none of this arithmetic can overflow. */
+LOOM_HOST_DEVICE static inline void sched_at(const struct schedule *s, uint64_t k, struct step *out) {
+  uint32_t l = 0;
+  while (l + 1 < s->nloops && k >= s->loops[l + 1].first_step)
+    l++;
+  const struct sched_loop *lp = &s->loops[l];
+  uint64_t i = k - lp->first_step, it = i < lp->ntmpl ? 0 : i / lp->ntmpl; /* small calls: no division */
+  const struct step_tmpl *t = &s->tmpl[lp->first + (uint32_t)(i - it * lp->ntmpl)];
+  uint64_t lo = lp->start + it * lp->stride + (uint64_t)t->chunk * lp->chunk, hi = lo + lp->chunk;
+  lo = lo < lp->end ? lo : lp->end;
+  hi = hi < lp->end ? hi : lp->end;
+  out->kind = t->kind;
+  out->flags = t->flags;
+  out->si = t->si;
+  out->ri = t->ri;
+  out->pad = 0;
+  out->src_off = t->src_off + ((t->rel & TMPL_REL_SRC) ? lo : 0);
+  out->dst_off = t->dst_off + ((t->rel & TMPL_REL_DST) ? lo : 0);
+  out->nelem = hi - lo;
+}
 
 LOOM_HOST_DEVICE static inline int step_recvs(int kind) {
   return kind == STEP_RECV || kind == STEP_RECV_COPY_SEND || kind == STEP_RECV_REDUCE_SEND ||
@@ -114,11 +175,27 @@ ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out);
 /* The elements of `total` that channel `c` of `nchannels` handles. */
 void schedule_channel_range(size_t total, int c, int nchannels, size_t align, size_t *off, size_t *len);
 
-/* Appends a step with peer 0 on both sides; empty steps are dropped. */
-ncclResult_t schedule_push(struct schedule *s, int kind, int flags, size_t src, size_t dst, size_t n);
-/* The same with the step's send and receive peer indices. */
-ncclResult_t schedule_push_peer(struct schedule *s, int kind, int flags, int si, int ri, size_t src, size_t dst,
-                                size_t n);
+/* Building a schedule: schedule_clear; per loop, schedule_loop (or
+ * schedule_loop_again, which repeats the previous loop's templates over
+ * other bounds) and then its templates, in step order (schedule_tmpl);
+ * last, schedule_finish, which checks the loops and sets nsteps. A
+ * failure leaves the schedule empty. */
+void schedule_clear(struct schedule *s);
+ncclResult_t schedule_loop(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end, size_t count);
+ncclResult_t schedule_loop_again(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end,
+                                 size_t count);
+/* A step of every iteration of the current loop, over chunk `chunk` of
+ * the iteration; `rel` (TMPL_REL_*) says which of src and dst count from
+ * the chunk's start. */
+ncclResult_t schedule_tmpl(struct schedule *s, int kind, int flags, int si, int ri, int chunk, int rel, size_t src,
+                           size_t dst);
+ncclResult_t schedule_finish(struct schedule *s);
+
+/* The FIFO slots of `piece` elements each that the whole schedule moves
+ * on each of its send and receive peers (WORK_MAX_PEERS entries each,
+ * added to), computed from the loops without expanding them. */
+void schedule_slots(const struct schedule *s, uint64_t piece, uint64_t *sends, uint64_t *recvs);
+
 void schedule_free(struct schedule *s);
 
 #endif

@@ -193,19 +193,40 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
 ncclResult_t exec_progress(struct work *w, int *moved, int *done) {
   *done = 0;
   while (w->step < w->sched.nsteps) {
-    const struct step *st = &w->sched.steps[w->step];
-    int m = 0;
-    CHECK(piece(w, st, &m));
-    if (!m)
-      return ncclSuccess;
-    *moved = 1;
-    if (w->step_off == st->nelem) {
-      w->step++;
-      w->step_off = 0;
+    /* Steps are expanded as they are reached; the ones clipping left
+     * empty are skipped, as the peer skips them. */
+    if (w->cur_at != w->step) {
+      sched_at(&w->sched, w->step, &w->cur);
+      w->cur_at = w->step;
     }
+    const struct step *st = &w->cur;
+    if (st->nelem > 0) {
+      int m = 0;
+      CHECK(piece(w, st, &m));
+      if (!m)
+        return ncclSuccess;
+      *moved = 1;
+      if (w->step_off < st->nelem)
+        continue;
+    }
+    w->step++;
+    w->step_off = 0;
   }
   *done = 1;
   return ncclSuccess;
+}
+
+/* The step the work is at or will reach next, past empty ones; 0 when it
+ * has done them all. */
+static int current_step(const struct work *w, struct step *st, uint64_t *index) {
+  for (uint64_t k = w->step; k < w->sched.nsteps; k++) {
+    sched_at(&w->sched, k, st);
+    if (st->nelem > 0) {
+      *index = k;
+      return 1;
+    }
+  }
+  return 0;
 }
 
 /* Whether a send connection's posted slots no longer need this side:
@@ -224,7 +245,9 @@ int exec_flushed(const struct work *w) {
 }
 
 int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
-  if (w->step >= w->sched.nsteps) {
+  struct step cur;
+  uint64_t k;
+  if (!current_step(w, &cur, &k)) {
     /* Done but for a receiver still reading what was posted by reference. */
     for (int i = 0; i < w->nsends; i++) {
       struct conn *c = w->sends[i];
@@ -240,7 +263,7 @@ int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t
     }
     return 0;
   }
-  const struct step *st = &w->sched.steps[w->step];
+  const struct step *st = &cur;
   struct conn *rc = step_recvs(st->kind) ? w->recvs[st->ri] : NULL;
   struct conn *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
   if (rc && atomic_load(rc->fifo.tail) <= rc->step) {
@@ -264,13 +287,15 @@ int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t
 
 int exec_waiting_on(const struct work *w, struct conn **out) {
   int n = 0;
-  if (w->step >= w->sched.nsteps) {
+  struct step cur;
+  uint64_t k;
+  if (!current_step(w, &cur, &k)) {
     for (int i = 0; i < w->nsends; i++)
       if (w->sends[i] && !send_flushed(w->sends[i]))
         out[n++] = w->sends[i];
     return n;
   }
-  const struct step *st = &w->sched.steps[w->step];
+  const struct step *st = &cur;
   struct conn *rc = step_recvs(st->kind) ? w->recvs[st->ri] : NULL;
   struct conn *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
   if (rc && atomic_load(rc->fifo.tail) <= rc->step)
@@ -283,23 +308,26 @@ int exec_waiting_on(const struct work *w, struct conn **out) {
 }
 
 void exec_describe_wait(const struct work *w, char *buf, size_t len) {
-  if (w->step >= w->sched.nsteps) {
+  struct step cur;
+  uint64_t k;
+  if (!current_step(w, &cur, &k)) {
     /* The first send whose data has not left, else the first send (a
      * tree's root has no parent: entries may be NULL). */
     struct conn *pending[WORK_MAX_PEERS];
     const struct conn *c = exec_waiting_on(w, pending) > 0 ? pending[0] : NULL;
     for (int i = 0; i < w->nsends && !c; i++)
       c = w->sends[i];
-    snprintf(buf, len, "its data to rank %d to leave (all %d steps done)", c ? c->peer : -1, w->sched.nsteps);
+    snprintf(buf, len, "its data to rank %d to leave (all %llu steps done)", c ? c->peer : -1,
+             (unsigned long long)w->sched.nsteps);
     return;
   }
-  const struct step *st = &w->sched.steps[w->step];
+  const struct step *st = &cur;
   int recv = step_recvs(st->kind);
   const struct conn *rc = recv ? w->recvs[st->ri] : NULL, *sc = step_sends(st->kind) ? w->sends[st->si] : NULL;
   int blocked_on_recv = recv && atomic_load(rc->fifo.tail) <= rc->step;
   const struct conn *c = blocked_on_recv ? rc : sc;
-  snprintf(buf, len, "%s rank %d (%s) at step %d of %d (%s), FIFO slot %llu",
+  snprintf(buf, len, "%s rank %d (%s) at step %llu of %llu (%s), FIFO slot %llu",
            blocked_on_recv ? "data from" : "a free slot at", c ? c->peer : -1,
-           c ? c->comm->peers[c->peer].hostname : "?", w->step + 1, w->sched.nsteps, step_name(st->kind),
-           (unsigned long long)(c ? c->step : 0));
+           c ? c->comm->peers[c->peer].hostname : "?", (unsigned long long)k + 1,
+           (unsigned long long)w->sched.nsteps, step_name(st->kind), (unsigned long long)(c ? c->step : 0));
 }

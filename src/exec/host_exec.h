@@ -27,8 +27,14 @@ struct work {
   char *dst;
   size_t esize;
   size_t piece;      /* elements per slot */
-  int step;          /* index of the current step */
+  uint64_t step;     /* index of the current step (sched_at) */
   uint64_t step_off; /* elements of the current step already moved */
+  /* Step cur_at expanded, so that polling a blocked step, or running a
+   * small call's one step again, does not expand it again; UINT64_MAX
+   * for none. Whatever builds a schedule into a work resets it (new_work
+   * in plan.c); a call that reuses a work's schedule keeps it. */
+  uint64_t cur_at;
+  struct step cur;
   uint64_t seq;      /* the collective's number on its communicator */
   struct work *next;
   /* What the schedule was built for, when enqueue_single may reuse it

@@ -458,3 +458,22 @@ ncclResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline, con
   }
   return ncclSuccess;
 }
+
+const char *sock_broken_reason(ssize_t n, int err) {
+  /* Only an orderly end is surely the peer's doing. A reset comes from the
+   * peer's kernel (a process that died with data unread) or from anything
+   * on the path (a firewall, a NAT or load balancer that forgot the
+   * connection): the transport adds whether the peer is known to live. */
+  if (n == 0)
+    return "was closed by the peer (its process exited, aborted or closed the connection)";
+  switch (err) {
+  case ECONNRESET: return "was reset, by the peer's host or by something between (a firewall, NAT or load balancer)";
+  case EPIPE: return "was broken: the other end reset or closed it";
+  case ETIMEDOUT: return "timed out in TCP: the peer's host, or the path to it, stopped answering";
+  case EHOSTUNREACH: case ENETUNREACH: return "lost its route to the peer's host";
+  default: break;
+  }
+  static __thread char buf[96];
+  snprintf(buf, sizeof buf, "failed: %s", strerror(err));
+  return buf;
+}

@@ -91,4 +91,8 @@ ncclResult_t sock_recv_all(int fd, void *buf, size_t len, uint64_t deadline, con
 void sock_set_nonblocking(int fd);
 void sock_set_nodelay(int fd);
 
+/* How a stream ended, as "<the connection> ...": a send() or recv() that
+ * returned 0 (n == 0) or failed with `err`. */
+const char *sock_broken_reason(ssize_t n, int err);
+
 #endif

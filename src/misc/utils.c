@@ -4,11 +4,14 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <time.h>
@@ -35,6 +38,35 @@ ncclResult_t util_random(void *buf, size_t len) {
     got += (size_t)r;
   }
   return ncclSuccess;
+}
+
+static _Atomic uint64_t process_id;
+
+/* A forked child is another process: it draws its own. */
+static void process_id_forget(void) { atomic_store(&process_id, 0); }
+static void process_id_register(void) { pthread_atfork(NULL, NULL, process_id_forget); }
+
+uint64_t util_process_id(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, process_id_register);
+  uint64_t id = atomic_load(&process_id);
+  if (id != 0)
+    return id;
+  /* getrandom cannot fail for 8 bytes once the pool is ready; should it,
+   * the clock and the pid still tell this process from its siblings. */
+  if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+    id = util_hash(&(uint64_t[2]){time_ns(), (uint64_t)getpid()}, 2 * sizeof(uint64_t), 0);
+  id |= 1; /* never 0, the unset value */
+  uint64_t unset = 0;
+  /* Two threads drawing at once agree on the first. */
+  if (!atomic_compare_exchange_strong(&process_id, &unset, id))
+    id = unset;
+  return id;
+}
+
+uint64_t util_pid_namespace(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 /* FNV-1a: stable across processes and hosts, which is all it needs. */

@@ -19,6 +19,16 @@ int64_t timeout_seconds(void);
 /* 64 random bits from the kernel (getrandom), for secrets. */
 ncclResult_t util_random(void *buf, size_t len);
 
+/* This process's identity among the ranks of a host: 64 random bits drawn
+ * on first use and again in a forked child. A pid cannot serve: processes
+ * of two pid namespaces that share a network namespace can have the same
+ * one. Never 0. */
+uint64_t util_process_id(void);
+/* The inode of this process's pid namespace (/proc/self/ns/pid), 0 where
+ * it cannot be read: pids of peers are meaningful here only where theirs
+ * is the same. */
+uint64_t util_pid_namespace(void);
+
 uint64_t util_hash(const void *data, size_t len, uint64_t seed);
 uint64_t util_hash_str(const char *s, uint64_t seed);
 

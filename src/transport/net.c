@@ -78,6 +78,7 @@ struct net_priv {
   struct gdr_mem dmem;
   void *dmhandle; /* dmem's registration */
   uint64_t posted; /* send: slots handed to isend; recv: slots given to irecv */
+  uint64_t completed; /* messages test() reported done, for LOOM_TIMEOUT */
   struct net_io io[NCCL_STEPS];
   /* A failed connection is reported only when the executor waits on it:
    * receives are posted ahead of need, and a peer that finished and left
@@ -371,6 +372,7 @@ static ncclResult_t test_slot(struct net_priv *np, struct net_io *io, int *done)
     if (!d)
       return ncclSuccess;
     io->done++;
+    np->completed++;
   }
   *done = 1;
   return ncclSuccess;
@@ -452,12 +454,16 @@ static ncclResult_t net_progress(struct conn *c) {
   if (r != ncclSuccess) {
     context(c);
     np->error = r;
-    /* A peer that closed its connection may have exited, or given up
-     * because another rank did: on this host the pidfds say who has
-     * exited by now, when the failure is first seen. */
-    char note[512];
+    /* A broken connection does not say whether the peer lives: on this
+     * host its pidfd does, and the others' say who has exited by now (a
+     * peer may have given up because another rank died), when the
+     * failure is first seen. */
+    char peer[160], note[512];
+    transport_note_peer(c->comm, c->peer, peer, sizeof peer);
     transport_note_exited(c->comm, note, sizeof note);
-    snprintf(np->why, sizeof np->why, "%s%s", err_thread_last(), note);
+    if (strstr(note, peer + 2)) /* "; " off: the exited list names it already */
+      peer[0] = '\0';
+    snprintf(np->why, sizeof np->why, "%s%s%s", err_thread_last(), peer, note);
   }
   return ncclSuccess;
 }
@@ -467,6 +473,18 @@ static int net_flushed(struct conn *c) { return atomic_load(c->fifo.head) == ato
 static ncclResult_t net_failed(struct conn *c) {
   struct net_priv *np = c->priv;
   return np && np->error != ncclSuccess ? err_set(np->error, "%s", np->why) : ncclSuccess;
+}
+
+/* Bytes that moved on the plugin's comm, a message at a time if that is
+ * all it tells: LOOM_TIMEOUT counts from the last of either. */
+static uint64_t net_activity(struct conn *c) {
+  struct net_priv *np = c->priv;
+  if (!np)
+    return 0;
+  uint64_t a = np->completed;
+  if (np->comm && np->p->activity)
+    a += np->p->activity(np->comm);
+  return a;
 }
 
 static ncclResult_t net_check(struct conn *c) {
@@ -514,6 +532,7 @@ const struct transport transport_net = {
     .progress = net_progress,
     .flushed = net_flushed,
     .check = net_check,
+    .activity = net_activity,
     .failed = net_failed,
     .poison = net_poison,
     .free = net_free,

@@ -58,6 +58,11 @@ struct net_plugin {
   /* After a receive into device memory that the NIC wrote directly: makes
    * the data visible to the GPU. NULL, or *request NULL, when not needed. */
   ncclResult_t (*iflush)(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
+  /* A count that grows whenever the comm moves bytes, whole messages or
+   * not, for LOOM_TIMEOUT: a slow transfer in progress is not a stalled
+   * one. NULL where the plugin reports only completed messages (NCCL's
+   * external ABI); the transport then counts those. */
+  uint64_t (*activity)(void *comm);
   ncclResult_t (*close_send)(void *send_comm);
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);

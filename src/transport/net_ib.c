@@ -426,6 +426,7 @@ const struct net_plugin net_ib_plugin = {
     .isend = ib_isend,
     .irecv = ib_irecv,
     .test = ib_test,
+    .activity = ib_activity,
     .iflush = ib_iflush,
     .close_send = ib_close,
     .close_recv = ib_close,

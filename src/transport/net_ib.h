@@ -81,6 +81,7 @@ ncclResult_t ib_accept(void *listen_comm, void **recv_comm);
 ncclResult_t ib_isend(void *send_comm, void *data, size_t size, void *mhandle, void **request);
 ncclResult_t ib_irecv(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
 ncclResult_t ib_test(void *request, int *done, size_t *size);
+uint64_t ib_activity(void *comm);
 /* A one-byte RDMA read of `data` over a QP connected to itself, which
  * makes the NIC's earlier writes to that device memory visible to the GPU
  * (as NCCL does); no request where NCCL_GDR_FLUSH_DISABLE or size 0. */

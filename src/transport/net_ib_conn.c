@@ -115,6 +115,7 @@ struct ib_comm {
   struct ib_req reqs[IB_MAX_REQS];
   uint64_t head, tail;
   uint64_t seq; /* messages started: the CTS sequence */
+  uint64_t completions; /* work completions seen, for LOOM_TIMEOUT */
   ncclResult_t failed;
   char why[LOOM_ERR_LEN];
 };
@@ -561,6 +562,9 @@ static ncclResult_t poll_cq(struct ib_comm *c) {
     int n = ibv_poll_cq(c->cq, 16, wc);
     if (n < 0)
       return comm_fail(c, err_set(ncclSystemError, "NET/IB %s:%d: ibv_poll_cq failed", c->dev->name, c->dev->port));
+    /* Each QP's part of a message, and each clear-to-send, completes on
+     * its own: what RC lets one see of a message under way. */
+    c->completions += (uint64_t)n;
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (!have_bad || (bad.status == IBV_WC_WR_FLUSH_ERR && wc[i].status != IBV_WC_WR_FLUSH_ERR))
@@ -594,12 +598,12 @@ static ncclResult_t check_peer(struct ib_comm *c) {
   char b;
   ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-    return comm_fail(c, err_set(ncclRemoteError,
-                                "NET/IB %s:%d: the connection with %s (%s) was closed by the peer (it exited or "
-                                "aborted)",
-                                c->dev->name, c->dev->port, c->where, c->remote.dev));
+    return comm_fail(c, err_set(ncclRemoteError, "NET/IB %s:%d: the set-up connection with %s (%s) %s",
+                                c->dev->name, c->dev->port, c->where, c->remote.dev, sock_broken_reason(n, errno)));
   return ncclSuccess;
 }
+
+uint64_t ib_activity(void *comm) { return ((struct ib_comm *)comm)->completions; }
 
 ncclResult_t ib_test(void *request, int *done, size_t *size) {
   struct ib_req *r = request;

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <linux/tcp.h> /* tcpi_bytes_acked, which glibc's struct tcp_info lacks */
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -531,6 +532,27 @@ static ncclResult_t sock_irecv(void *recv_comm, void *data, size_t size, void *m
   return post(recv_comm, 0, data, size, request);
 }
 
+/* What the kernel moved counts too: a sender whose last bytes sit in
+ * its socket buffer sees them acknowledged, a receiver sees them arrive
+ * before it reads, both as TCP's retransmissions get through a lossy
+ * link. */
+static uint64_t tcp_moved(int fd) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  memset(&ti, 0, sizeof ti);
+  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+    return 0;
+  return ti.tcpi_bytes_acked + ti.tcpi_bytes_received; /* 0 on kernels before 4.1 */
+}
+
+static uint64_t sock_activity(void *comm) {
+  struct sock_comm *c = comm;
+  uint64_t a = atomic_load_explicit(&c->moved, memory_order_relaxed) + tcp_moved(c->fd);
+  for (int s = 0; s < c->nsocks; s++)
+    a += tcp_moved(c->socks[s].fd);
+  return a;
+}
+
 int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t len, size_t *done) {
   while (*done < len) {
     ssize_t n = sending ? send(fd, p + *done, len - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
@@ -538,6 +560,7 @@ int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t l
     int e = errno;
     if (n > 0) {
       *done += (size_t)n;
+      atomic_fetch_add_explicit(&c->moved, (uint64_t)n, memory_order_relaxed);
       continue;
     }
     if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK))
@@ -639,6 +662,7 @@ const struct net_plugin net_socket_plugin = {
     .isend = sock_isend,
     .irecv = sock_irecv,
     .test = sock_test,
+    .activity = sock_activity,
     .close_send = sock_close,
     .close_recv = sock_close,
     .close_listen = sock_close_listen,

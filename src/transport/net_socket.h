@@ -139,16 +139,13 @@ struct sock_comm {
   pthread_mutex_t fail_lock;
   _Atomic int failed; /* an ncclResult_t, ncclSuccess while none */
   _Atomic int helper_failed; /* a data socket broke, not just the control one */
+  _Atomic uint64_t moved; /* bytes moved on every socket, for LOOM_TIMEOUT */
   char why[256];
 };
 
 /* Records the comm's first failure and returns `code`. */
 ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-/* The sentence for a send() or recv() that ended the stream (n == 0) or
- * failed with `err`. */
-const char *sock_broken_reason(ssize_t n, int err);
 
 /* Bytes per chunk of a large message of `len` bytes. */
 /* Moves bytes of one stream of `c` on `fd` without blocking, from *done

@@ -35,16 +35,6 @@ ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *
   return code;
 }
 
-const char *sock_broken_reason(ssize_t n, int err) {
-  /* A reset or a broken pipe is the peer's close arriving while data was
-   * still in flight: the same event as an orderly end for the user. */
-  if (n == 0 || err == ECONNRESET || err == EPIPE)
-    return "was closed by the peer (it exited or aborted)";
-  static __thread char buf[96];
-  snprintf(buf, sizeof buf, "failed: %s", strerror(err));
-  return buf;
-}
-
 size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len) {
   /* Written not to overflow for any len: the receiver cuts by the length
    * word from the wire, and a chunk count above nsocks would overrun the

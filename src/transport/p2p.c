@@ -72,7 +72,10 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
   if (len != sizeof pi)
     return err_set(ncclInternalError, "p2p connection info from rank %d has %zu bytes", c->peer, len);
   memcpy(&pi, peer_info, sizeof pi);
-  if (pi.pid == (int32_t)getpid()) {
+  /* Not pi.pid == getpid(): a rank of another pid namespace can have
+   * this process's pid. */
+  const struct peer_info *me = &c->comm->peers[c->comm->rank];
+  if (c->comm->peers[c->peer].proc_id == me->proc_id) {
     pp->remote = (void *)(uintptr_t)pi.ptr; /* IPC cannot reopen this process's own memory */
   } else {
     CHECK(cuda_ipc_open(pi.handle, &pp->remote, c->dir == CONN_SEND ? "the peer's p2p FIFO" : "the peer's p2p counter"));

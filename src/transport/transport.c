@@ -221,6 +221,17 @@ void transport_free_conn(struct conn *c) {
   free(c);
 }
 
+uint64_t transport_comm_activity(struct ncclComm *comm) {
+  uint64_t a = 0;
+  for (int c = 0; c < LOOM_MAX_CHANNELS; c++)
+    a += transport_activity(comm->ring_send[c]) + transport_activity(comm->ring_recv[c]);
+  for (int p = 0; comm->p2p_send && p < comm->nranks; p++)
+    a += transport_activity(comm->p2p_send[p]) + transport_activity(comm->p2p_recv[p]);
+  for (struct conn *c = comm->extra_conns; c; c = c->next_extra)
+    a += transport_activity(c);
+  return a;
+}
+
 /* Whether rank `peer` of this host has exited (its pidfd is readable);
  * 0 where there is no pidfd (another host, or an old kernel). */
 static int peer_exited(const struct ncclComm *comm, int peer) {
@@ -235,6 +246,16 @@ ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
     return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
                    comm->peers[peer].hostname);
   return ncclSuccess;
+}
+
+void transport_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len) {
+  const struct peer_info *p = &comm->peers[peer];
+  if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
+    snprintf(buf, len, "; rank %d runs on %s, whose processes this rank cannot see", peer, p->hostname);
+  else if (peer_exited(comm, peer))
+    snprintf(buf, len, "; rank %d (pid %d on %s) has exited", peer, p->pid, p->hostname);
+  else
+    snprintf(buf, len, "; rank %d (pid %d on %s) is still running", peer, p->pid, p->hostname);
 }
 
 void transport_note_exited(struct ncclComm *comm, char *buf, size_t len) {

@@ -82,6 +82,10 @@ struct transport {
    * connection of a stalled operation, not only the awaited one: a failed
    * send can leave every rank of a ring waiting on a receive. */
   ncclResult_t (*failed)(struct conn *c);
+  /* A count that grows while bytes move on the connection below the
+   * slot level (a slot of a slow network link is under way); NULL where
+   * slots are the only progress there is (memory). */
+  uint64_t (*activity)(struct conn *c);
   /* Tells the peer that this side failed, so it stops waiting. */
   void (*poison)(struct conn *c);
   void (*free)(struct conn *c);
@@ -149,6 +153,13 @@ const char *net_conn_name(const struct conn *c);
 #endif
 #define TRANSPORTS_BUILT TRANSPORTS_P2P_ "shm net/socket" TRANSPORTS_IB_
 
+/* The sum of the activity counts of every connection of `comm`: a wait
+ * that sees it change is not stalled, though no slot has moved. */
+uint64_t transport_comm_activity(struct ncclComm *comm);
+static inline uint64_t transport_activity(struct conn *c) {
+  return c && c->tr && c->tr->activity ? c->tr->activity(c) : 0;
+}
+
 /* Waiting helpers shared by transports. */
 ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
 /* The ranks of this host that have exited, as "; rank 2 (pid 123 on h)
@@ -156,5 +167,9 @@ ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
  * closed its connection: it did so most likely because one of them died,
  * which it cannot tell this rank itself. */
 void transport_note_exited(struct ncclComm *comm, char *buf, size_t len);
+/* Whether rank `peer` is known to live, as "; rank 1 (pid 123 on h) is
+ * still running", "... has exited", or that it is on another host, whose
+ * processes this rank cannot see: a broken connection says only that. */
+void transport_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len);
 
 #endif

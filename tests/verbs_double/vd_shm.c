@@ -6,9 +6,18 @@
  * /dev/shm itself, so that a stale file is never removed after someone
  * else re-created its name; an flock dies with its holder, and locking the
  * directory leaves no lock file behind.
+ *
+ * The names must outlive the calls that make them (peers find QPs, PDs
+ * and CQs by number), so a process that ends without running its
+ * destructor (killed, or ended by _exit as the tests' forked ranks are)
+ * would leave them behind. Each process that makes an object therefore
+ * starts a janitor (vd_janitor.c) that waits on the process's pidfd and
+ * then removes what it left: the suite leaves nothing in /dev/shm,
+ * however its processes end.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,9 +25,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +52,7 @@ static pthread_mutex_t vd_owned_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct vd_owned *vd_owned;
 static size_t vd_owned_n, vd_owned_cap;
 static pid_t vd_swept_pid;
+static pid_t vd_janitor_for; /* the process whose janitor was started */
 
 void vd_log(const char *fmt, ...) {
   char buf[512];
@@ -199,7 +212,61 @@ static void vd_untrack(enum vd_kind kind, uint32_t num) {
   pthread_mutex_unlock(&vd_owned_lock);
 }
 
+/* Starts this process's janitor, once: loom-verbs-double-janitor, found
+ * next to this library, with this process's pidfd as its descriptor 3.
+ * posix_spawn (a vfork) copies nothing of this process and runs no fork
+ * handlers. Where there is no janitor (no pidfds before Linux 5.3, the
+ * program missing), the next allocation's sweep removes what is left. */
+static void vd_janitor_start(void) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&lock);
+  int started = vd_janitor_for == getpid();
+  vd_janitor_for = getpid();
+  pthread_mutex_unlock(&lock);
+  if (started)
+    return;
+  Dl_info info;
+  char path[4096];
+  if (!dladdr((void *)vd_janitor_start, &info) || !info.dli_fname || !strchr(info.dli_fname, '/'))
+    return;
+  snprintf(path, sizeof(path), "%.*s/loom-verbs-double-janitor",
+           (int)(strrchr(info.dli_fname, '/') - info.dli_fname), info.dli_fname);
+  if (access(path, X_OK) != 0)
+    return;
+  int pidfd = -1, high = -1;
+#ifdef SYS_pidfd_open
+  pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+#endif
+  /* Above 3, so that the dup2 to 3 clears its close-on-exec flag. */
+  if (pidfd >= 0)
+    high = fcntl(pidfd, F_DUPFD_CLOEXEC, 10);
+  if (pidfd >= 0)
+    close(pidfd);
+  if (high < 0)
+    return;
+  char pid_s[16], start_s[24];
+  snprintf(pid_s, sizeof(pid_s), "%d", (int)getpid());
+  snprintf(start_s, sizeof(start_s), "%llu", (unsigned long long)vd_self_start());
+  char *argv[] = {path, pid_s, start_s, NULL};
+  char *envp[] = {NULL};
+  posix_spawn_file_actions_t fa;
+  pid_t c = -1;
+  if (posix_spawn_file_actions_init(&fa) == 0) {
+    if (posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDWR, 0) == 0 &&
+        posix_spawn_file_actions_adddup2(&fa, 0, 1) == 0 && posix_spawn_file_actions_adddup2(&fa, 0, 2) == 0 &&
+        posix_spawn_file_actions_adddup2(&fa, high, 3) == 0 && posix_spawn(&c, path, &fa, NULL, argv, envp) != 0)
+      c = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  close(high);
+  /* The first process forks the janitor and exits at once. */
+  if (c > 0)
+    while (waitpid(c, NULL, 0) < 0 && errno == EINTR)
+      ;
+}
+
 void *vd_shm_create(enum vd_kind kind, uint32_t lo, uint32_t hi, size_t size, uint32_t *num) {
+  vd_janitor_start();
   int dfd = vd_dir_lock();
   if (dfd < 0)
     return NULL;
@@ -295,8 +362,8 @@ void vd_shm_destroy(enum vd_kind kind, uint32_t num, void *map, size_t size) {
 }
 
 /* Runs at exit() and at dlclose: peers see the objects gone at once, and
- * /dev/shm is left clean. A process killed outright leaves its objects to
- * the next allocation's sweep. */
+ * /dev/shm is left clean. A process killed outright, or ended by _exit,
+ * leaves its objects to its janitor. */
 __attribute__((destructor)) static void vd_shm_cleanup(void) {
   pthread_mutex_lock(&vd_owned_lock);
   for (size_t i = 0; i < vd_owned_n; i++) {

@@ -100,7 +100,7 @@ static void *proxy_main(void *arg) {
   place_thread(comm->local_cpus, cc->ignore_affinity);
   struct waiter w;
   wait_init(&w, 0);
-  uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0;
+  uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0, seen_activity = 0;
   int reported = 0;
   while (!atomic_load(&cc->stop)) {
     int n = atomic_load_explicit(&cc->nwatch, memory_order_acquire);
@@ -133,9 +133,13 @@ static void *proxy_main(void *arg) {
         }
       }
       if (!reported) {
-        uint64_t p = cc->status->progress;
-        if (p != seen || !kernels_running(cc)) {
+        /* Bytes under way on a network link count, though no slot moved. */
+        uint64_t p = cc->status->progress, a = 0;
+        for (int i = 0; i < n; i++)
+          a += transport_activity(cc->watch[i]);
+        if (p != seen || a != seen_activity || !kernels_running(cc)) {
           seen = p;
+          seen_activity = a;
           last_change = now;
         } else if (now - last_change >= (uint64_t)cc->timeout_s * 1000000000ull) {
           fail_kernels(cc, err_set(ncclRemoteError,
@@ -263,26 +267,28 @@ static struct dev_conn dev_conn_of(struct conn *c) {
 /* The slots a work will use on each of its connections: the host keeps
  * the counters, since the next launch is built before this one runs. */
 static void advance_steps(const struct work *w) {
-  for (int i = 0; i < w->sched.nsteps; i++) {
-    const struct step *st = &w->sched.steps[i];
-    uint64_t pieces = LOOM_DIV_UP(st->nelem, w->piece);
-    if (step_recvs(st->kind))
-      w->recvs[st->ri]->step += pieces;
-    if (step_sends(st->kind))
-      w->sends[st->si]->step += pieces;
-  }
+  uint64_t sends[WORK_MAX_PEERS] = {0}, recvs[WORK_MAX_PEERS] = {0};
+  schedule_slots(&w->sched, w->piece, sends, recvs);
+  for (int i = 0; i < w->nsends; i++)
+    if (w->sends[i])
+      w->sends[i]->step += sends[i];
+  for (int i = 0; i < w->nrecvs; i++)
+    if (w->recvs[i])
+      w->recvs[i]->step += recvs[i];
 }
 
 ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   struct cuda_comm *cc = comm->cuda;
-  uint32_t used = 0, nworks = 0, nsteps = 0;
+  /* A launch holds the works' step templates, never their expanded
+   * steps: its size does not grow with the count. */
+  size_t used = 0, nworks = 0, ntmpl = 0;
   for (int l = 0; l < nlanes; l++) {
     if (!lanes[l].head)
       continue;
     used++;
     for (struct work *w = lanes[l].head; w; w = w->next) {
       nworks++;
-      nsteps += (uint32_t)w->sched.nsteps;
+      ntmpl += w->sched.ntmpl;
     }
   }
   if (used == 0)
@@ -290,7 +296,7 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
   size_t off_lanes = LOOM_ALIGN_UP(sizeof(struct dev_plan), 64);
   size_t off_works = LOOM_ALIGN_UP(off_lanes + used * sizeof(struct dev_lane), 64);
   size_t off_steps = LOOM_ALIGN_UP(off_works + nworks * sizeof(struct dev_work), 64);
-  size_t size = off_steps + nsteps * sizeof(struct step);
+  size_t size = off_steps + ntmpl * sizeof(struct step_tmpl);
   int prev_dev = -1;
   cudaGetDevice(&prev_dev);
   CHECK(cuda_set_device(comm->cuda_dev));
@@ -302,17 +308,17 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
   struct dev_plan *plan = (struct dev_plan *)h;
   struct dev_lane *dl = (struct dev_lane *)(h + off_lanes);
   struct dev_work *dw = (struct dev_work *)(h + off_works);
-  struct step *ds = (struct step *)(h + off_steps);
-  plan->nlanes = used;
-  plan->nworks = nworks;
+  struct step_tmpl *ds = (struct step_tmpl *)(h + off_steps);
+  plan->nlanes = (uint32_t)used;
+  plan->nworks = (uint32_t)nworks;
   plan->status = cc->status_dev;
   plan->lanes = (const struct dev_lane *)(d + off_lanes);
   plan->works = (const struct dev_work *)(d + off_works);
-  uint32_t li = 0, wi = 0, si = 0;
+  size_t li = 0, wi = 0, ti = 0;
   for (int l = 0; l < nlanes; l++) {
     if (!lanes[l].head)
       continue;
-    dl[li].first = wi;
+    dl[li].first = (uint32_t)wi;
     dl[li].count = 0;
     for (struct work *w = lanes[l].head; w; w = w->next) {
       struct dev_work *x = &dw[wi++];
@@ -320,10 +326,11 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
       const struct task *t = w->task;
       x->src = w->src;
       x->dst = w->dst;
-      x->steps = (const struct step *)(d + off_steps) + si;
-      memcpy(ds + si, w->sched.steps, sizeof *ds * (size_t)w->sched.nsteps);
-      si += (uint32_t)w->sched.nsteps;
-      x->nsteps = (uint32_t)w->sched.nsteps;
+      x->sched = w->sched;
+      x->sched.tmpl = (struct step_tmpl *)(d + off_steps) + ti;
+      x->sched.cap = w->sched.ntmpl;
+      memcpy(ds + ti, w->sched.tmpl, sizeof *ds * (size_t)w->sched.ntmpl);
+      ti += w->sched.ntmpl;
       x->esize = (uint32_t)w->esize;
       x->piece = w->piece;
       x->red = t->red;
@@ -349,7 +356,7 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
   cudaStream_t s = (cudaStream_t)stream;
   cudaError_t e = cudaMemcpyAsync(a->dev, a->host, size, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess)
-    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, used, s);
+    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, (uint32_t)used, s);
   if (e == cudaSuccess)
     e = cudaEventRecord(a->done, s);
   if (e == cudaSuccess)
@@ -360,8 +367,8 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
   }
   a->used = 1;
   cc->launched = 1;
-  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %u work(s), %u step(s) on stream %p", comm->rank, used, nworks, nsteps,
-        stream);
+  TRACE(LOG_COLL, "rank %d: launched %zu lane(s), %zu work(s), %zu step template(s) on stream %p", comm->rank, used,
+        nworks, ntmpl, stream);
 out:
   if (prev_dev >= 0 && prev_dev != comm->cuda_dev)
     cudaSetDevice(prev_dev);

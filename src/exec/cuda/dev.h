@@ -35,9 +35,9 @@ struct dev_conn {
 struct dev_work {
   const char *src;
   char *dst;
-  const struct step *steps;
-  uint32_t nsteps;
+  struct schedule sched;   /* its templates in the launch's device memory; steps expand with sched_at */
   uint32_t esize;
+  uint32_t pad0;
   uint64_t piece;          /* elements per slot */
   struct red_op red;
   const void *scalar_dev;  /* PreMulSum scalar read on the device, or NULL */

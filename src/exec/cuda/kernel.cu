@@ -337,12 +337,13 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
         sstep[k] = w.sends[k].step;
     }
     __syncthreads();
-    for (uint32_t si = 0; si < w.nsteps; si++) {
+    for (uint64_t si = 0; si < w.sched.nsteps; si++) {
       /* Every thread is done with the previous step's fields before thread
-       * 0 replaces them. */
+       * 0 replaces them. Steps are expanded as the host executor expands
+       * them; an empty one (nelem 0) moves no slot on either side. */
       __syncthreads();
       if (tid == 0)
-        st = w.steps[si];
+        sched_at(&w.sched, si, &st);
       __syncthreads();
       const int recv = step_recvs(st.kind), send = step_sends(st.kind);
       const int final = st.flags & STEP_FINAL;
@@ -363,7 +364,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
             struct slot_hdr got = read_hdr(rhdr), want = w.expect;
             want.bytes = (uint32_t)bytes;
             if (!hdr_matches(want, got, w.check_seq)) {
-              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, si, rc->peer, &got, &want);
+              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, (uint32_t)si, rc->peer, &got, &want);
               stop = 1;
             }
           }
