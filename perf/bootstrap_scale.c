@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn_count.h"
 #include "loom.h"
 #include "nccl.h"
 
@@ -144,83 +145,6 @@ static void add_port(unsigned port) {
     ports[nports++] = port;
 }
 
-/* A connection to listener port L appears as (local L, remote e) on the
- * accepting side and (local e, remote L) on the connecting side, either or
- * both of them still in the table; (L, e) pairs are counted once. */
-struct pair {
-  unsigned l, e;
-};
-static struct pair *pairs;
-static size_t npairs, cap_pairs;
-
-static void add_pair(unsigned l, unsigned e) {
-  for (size_t i = npairs; i-- > 0;)
-    if (pairs[i].l == l && pairs[i].e == e)
-      return;
-  if (npairs == cap_pairs) {
-    cap_pairs = cap_pairs ? 2 * cap_pairs : 4096;
-    pairs = realloc(pairs, cap_pairs * sizeof *pairs);
-    if (!pairs)
-      die("out of memory", NULL);
-  }
-  pairs[npairs++] = (struct pair){l, e};
-}
-
-/* Every (local, remote) port pair before the job: a listener may get a
- * port that an earlier connection left in TIME-WAIT, which is none of
- * this job's. */
-static struct pair *before;
-static size_t nbefore, cap_before;
-
-static int cmp_pair(const void *a, const void *b) {
-  const struct pair *x = a, *y = b;
-  return x->l != y->l ? (x->l < y->l ? -1 : 1) : (x->e < y->e ? -1 : x->e > y->e);
-}
-
-static int existed(unsigned lp, unsigned rp) {
-  struct pair key = {lp, rp};
-  return bsearch(&key, before, nbefore, sizeof key, cmp_pair) != NULL;
-}
-
-static void scan_tcp(const char *path, int snapshot) {
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return;
-  char line[512];
-  if (!fgets(line, sizeof line, f)) {
-    fclose(f);
-    return;
-  }
-  while (fgets(line, sizeof line, f)) {
-    char local[128], remote[128];
-    if (sscanf(line, "%*s %127s %127s", local, remote) != 2)
-      continue;
-    char *lc = strrchr(local, ':'), *rc = strrchr(remote, ':');
-    if (!lc || !rc)
-      continue;
-    unsigned lp = (unsigned)strtoul(lc + 1, NULL, 16), rp = (unsigned)strtoul(rc + 1, NULL, 16);
-    if (rp == 0)
-      continue; /* a listening socket */
-    if (snapshot) {
-      if (nbefore == cap_before) {
-        cap_before = cap_before ? 2 * cap_before : 4096;
-        before = realloc(before, cap_before * sizeof *before);
-        if (!before)
-          die("out of memory", NULL);
-      }
-      before[nbefore++] = (struct pair){lp, rp};
-      continue;
-    }
-    if (existed(lp, rp))
-      continue;
-    if (port_index(lp) >= 0)
-      add_pair(lp, rp);
-    else if (port_index(rp) >= 0)
-      add_pair(rp, lp);
-  }
-  fclose(f);
-}
-
 static unsigned addr_port(const char *a) {
   const char *c = strrchr(a, ':');
   return c ? (unsigned)strtoul(c + 1, NULL, 10) : 0;
@@ -301,9 +225,7 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/rank.%%p.log", dir);
   setenv("NCCL_DEBUG_FILE", path, 1);
 
-  scan_tcp("/proc/net/tcp", 1);
-  scan_tcp("/proc/net/tcp6", 1);
-  qsort(before, nbefore, sizeof *before, cmp_pair);
+  conn_count_snapshot();
   struct report *reps = calloc((size_t)n, sizeof *reps);
   pid_t *pids = calloc((size_t)n, sizeof *pids);
   int *to = calloc((size_t)n, sizeof *to), *from = calloc((size_t)n, sizeof *from);
@@ -390,10 +312,7 @@ int main(int argc, char **argv) {
 
   struct counters c = {.root_sent = -1};
   scan_logs(dir, &c);
-  scan_tcp("/proc/net/tcp", 0);
-  scan_tcp("/proc/net/tcp6", 0);
-  for (size_t i = 0; i < npairs; i++)
-    conns[port_index(pairs[i].l)]++;
+  unsigned long nconns = conn_count_tally(ports, nports, conns);
   unsigned busiest = 0, root_conns = 0;
   for (int i = 0; i < nports; i++) {
     if (ports[i] == root_port)
@@ -401,10 +320,10 @@ int main(int argc, char **argv) {
     else if (conns[i] > busiest)
       busiest = conns[i];
   }
-  printf("n=%d mode=%s ok=%d init_max_s=%.4f init_med_s=%.4f wall_s=%.4f first_coll_max_s=%.4f conns=%zu "
+  printf("n=%d mode=%s ok=%d init_max_s=%.4f init_med_s=%.4f wall_s=%.4f first_coll_max_s=%.4f conns=%lu "
          "conns_per_rank=%.2f busiest=%u root_conns=%u listeners=%d root_sent=%lld opened_max=%d accepted_max=%d\n",
-         n, threads ? "threads" : "processes", !failed, init[n - 1], init[n / 2], last - start, coll_max, npairs,
-         (double)npairs / n, busiest, root_conns, nports - 1, c.root_sent, c.closes ? c.opened_max : -1,
+         n, threads ? "threads" : "processes", !failed, init[n - 1], init[n / 2], last - start, coll_max, nconns,
+         (double)nconns / n, busiest, root_conns, nports - 1, c.root_sent, c.closes ? c.opened_max : -1,
          c.closes ? c.accepted_max : -1);
   if (!dir_arg) {
     char cmd[400];
@@ -417,7 +336,5 @@ int main(int argc, char **argv) {
   free(pids);
   free(to);
   free(from);
-  free(pairs);
-  free(before);
   return failed;
 }

@@ -53,26 +53,7 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
   return ncclSuccess;
 }
 
-static void for_each_conn(struct ncclComm *comm, void (*fn)(struct conn *)) {
-  for (int c = 0; c < LOOM_MAX_CHANNELS; c++) {
-    if (comm->ring_send[c])
-      fn(comm->ring_send[c]);
-    if (comm->ring_recv[c])
-      fn(comm->ring_recv[c]);
-  }
-  for (int p = 0; comm->p2p_send && p < comm->nranks; p++) {
-    if (comm->p2p_send[p])
-      fn(comm->p2p_send[p]);
-    if (comm->p2p_recv[p])
-      fn(comm->p2p_recv[p]);
-  }
-  for (struct conn *c = comm->extra_conns, *next; c; c = next) {
-    next = c->next_extra; /* fn may free it */
-    fn(c);
-  }
-}
-
-static void poison_conn(struct conn *c) {
+static void poison_conn(struct conn *c, void *unused) {
   if (c->tr && c->tr->poison && c->priv)
     c->tr->poison(c);
 }
@@ -85,7 +66,7 @@ void comm_set_error(struct ncclComm *comm, ncclResult_t res) {
     snprintf(comm->first_error, sizeof comm->first_error, "%s", err_thread_last());
     snprintf(comm->last_error, sizeof comm->last_error, "%s", comm->first_error);
   }
-  for_each_conn(comm, poison_conn);
+  transport_each_conn(comm, poison_conn, NULL);
 }
 
 ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
@@ -104,7 +85,7 @@ ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
   return res;
 }
 
-static void free_conn_cb(struct conn *c) { transport_free_conn(c); }
+static void free_conn_cb(struct conn *c, void *unused) { transport_free_conn(c); }
 
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
@@ -115,7 +96,7 @@ void comm_destroy_all(struct ncclComm *comm) {
    * the communicator's device. */
   int saved_dev = comm->is_host ? -1 : cuda_current_device();
   cuda_comm_fini(comm, comm->abort_flag);
-  for_each_conn(comm, free_conn_cb);
+  transport_each_conn(comm, free_conn_cb, NULL);
   cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
   for (int r = 0; comm->peer_pidfd && r < comm->nranks; r++)
@@ -238,7 +219,7 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
    * not there to abort. */
   if (!comm_live(comm))
     return api_finish(NULL, not_a_comm("ncclCommAbort"));
-  for_each_conn(comm, poison_conn);
+  transport_each_conn(comm, poison_conn, NULL);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);
   return ncclSuccess;

@@ -7,10 +7,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +27,43 @@ double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int wait_ranks_within(int n, const pid_t *pids, int *status, double limit_s) {
+  enum { MAX = 64 };
+  if (n > MAX) {
+    fprintf(stderr, "wait_ranks_within: %d ranks, at most %d\n", n, MAX);
+    exit(1);
+  }
+  int pfd[MAX], left = n, hung = 0;
+  for (int r = 0; r < n; r++)
+    pfd[r] = (int)syscall(SYS_pidfd_open, pids[r], 0);
+  double t0 = now_s();
+  while (left > 0) {
+    struct pollfd p[MAX];
+    for (int r = 0; r < n; r++)
+      p[r] = (struct pollfd){.fd = pfd[r], .events = POLLIN};
+    int ms = (int)((limit_s - (now_s() - t0)) * 1000);
+    int got = ms > 0 ? poll(p, (nfds_t)n, ms) : 0;
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0 && !hung) {
+      hung = 1;
+      for (int r = 0; r < n; r++)
+        if (pfd[r] >= 0)
+          kill(pids[r], SIGKILL);
+    }
+    for (int r = 0; r < n; r++) {
+      if (pfd[r] < 0 || (!hung && !(p[r].revents & POLLIN)))
+        continue;
+      while (waitpid(pids[r], &status[r], 0) < 0 && errno == EINTR)
+        ;
+      close(pfd[r]);
+      pfd[r] = -1;
+      left--;
+    }
+  }
+  return hung;
 }
 
 void rank_signal(char byte) {
@@ -247,3 +287,10 @@ int harness_cuda_devices(void) {
 #else
 int harness_cuda_devices(void) { return 0; }
 #endif
+
+void harness_remove_dir(const char *dir) {
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", dir);
+}

@@ -26,6 +26,10 @@ int run_ranks(int nranks, rank_fn fn, void *arg);
  * to with rank_signal(). Call wait_ranks to collect them. */
 int start_ranks(int nranks, rank_fn fn, void *arg, pid_t *pids, int *events);
 int wait_ranks(int nranks, pid_t *pids);
+/* Waits for the ranks' exits into status[], killing every one still
+ * running limit_s after the call (a hang): 0, or 1 on a hang. At most
+ * 64 ranks. */
+int wait_ranks_within(int nranks, const pid_t *pids, int *status, double limit_s);
 /* From inside a rank: one byte to the test's `events` pipe. */
 void rank_signal(char byte);
 
@@ -48,6 +52,10 @@ int harness_cuda_devices(void);
  * file of its own, /tmp/loom-<tag>-<test pid>-<rank pid>.log; `pattern`
  * gets that path with %d for the rank's pid. */
 void harness_net_log(const char *tag, char *pattern, size_t len);
+
+/* Removes a folder a test made (mkdtemp) and all in it; says so where it
+ * cannot. */
+void harness_remove_dir(const char *dir);
 
 /* Seconds since an arbitrary start, for measuring bounds. */
 double now_s(void);

@@ -565,13 +565,6 @@ static void listener_kid(int in, int out, void *arg) {
   bt_put(out, 'R', r, 0, "%s", r == ncclSuccess ? "" : ncclGetLastError(NULL));
 }
 
-static void remove_dir(const char *dir) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", dir);
-}
-
 TEST_IMPL(bootstrap_garbage_rank) {
   enum { N = 3 };
   setenv("LOOM_TIMEOUT", "20", 1);
@@ -606,7 +599,7 @@ TEST_IMPL(bootstrap_garbage_rank) {
     snprintf(who, sizeof who, "rank %d", r);
     bt_expect_ok(&kids[r], who);
   }
-  remove_dir(dir);
+  harness_remove_dir(dir);
   return 0;
 }
 

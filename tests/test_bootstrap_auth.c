@@ -229,13 +229,6 @@ static void make_dir(char *dir) {
   ASSERT(mkdtemp(dir) != NULL);
 }
 
-static void remove_dir(const char *dir) {
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", dir);
-}
-
 /* ---- a stranger and a wrong secret ---- */
 
 TEST_IMPL(bootstrap_auth_stranger) {
@@ -310,7 +303,7 @@ TEST_IMPL(bootstrap_auth_stranger) {
   ASSERT_MSG(closed == 1, "rank 0's root logged %d refusals of a connection that closed before its proof, expected 1 "
              "(the wrong secret)", closed);
   free(log);
-  remove_dir(dir);
+  harness_remove_dir(dir);
   return 0;
 }
 
@@ -369,7 +362,7 @@ TEST_IMPL(bootstrap_auth_secret_file) {
     snprintf(who, sizeof who, "rank %d", r);
     ak_expect_ok(&k[r], who);
   }
-  remove_dir(dir);
+  harness_remove_dir(dir);
   return 0;
 }
 
@@ -496,7 +489,7 @@ TEST_IMPL(bootstrap_auth_replay) {
   ASSERT_MSG(refused == 1, "the root logged %d refusals of a connection that did not prove the secret, expected 1 "
              "(the replay)", refused);
   free(log);
-  remove_dir(dir);
+  harness_remove_dir(dir);
   return 0;
 }
 
@@ -542,6 +535,6 @@ TEST_IMPL(bootstrap_auth_no_secret_warns) {
   int without = warnings_in_process(dir, NULL), with = warnings_in_process(dir, "abc");
   ASSERT_MSG(without == 1, "NCCL_COMM_ID without LOOM_SECRET: %d warnings that anyone can join, expected one", without);
   ASSERT_MSG(with == 0, "NCCL_COMM_ID with LOOM_SECRET: %d warnings that anyone can join, expected none", with);
-  remove_dir(dir);
+  harness_remove_dir(dir);
   return 0;
 }

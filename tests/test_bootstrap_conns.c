@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "conn_count.h"
 #include "harness.h"
 #include "loom.h"
 #include "test.h"
@@ -139,80 +140,13 @@ static void read_logs(const char *dir, struct counts *c) {
 
 /* ---- the kernel's count ---- */
 
-struct pair {
-  unsigned l, e;
-};
-
-/* Every (local, remote) port pair in the tables, as the test starts: a
- * listener may get a port that an earlier connection used and left in
- * TIME-WAIT, and that connection is none of the job's. */
-static struct pair before[1 << 17];
-static size_t nbefore;
-
-static int tcp_entry(const char *line, unsigned *lp, unsigned *rp) {
-  char local[128], remote[128];
-  if (sscanf(line, "%*s %127s %127s", local, remote) != 2 || !strchr(local, ':') || !strchr(remote, ':'))
-    return 0;
-  *lp = (unsigned)strtoul(strrchr(local, ':') + 1, NULL, 16);
-  *rp = (unsigned)strtoul(strrchr(remote, ':') + 1, NULL, 16);
-  return *rp != 0; /* not a listening socket */
-}
-
-static int cmp_pair(const void *a, const void *b) {
-  const struct pair *x = a, *y = b;
-  return x->l != y->l ? (x->l < y->l ? -1 : 1) : (x->e < y->e ? -1 : x->e > y->e);
-}
-
-static int existed(unsigned lp, unsigned rp) {
-  struct pair key = {lp, rp};
-  return bsearch(&key, before, nbefore, sizeof key, cmp_pair) != NULL;
-}
-
-static void snapshot(void) {
-  const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
-  for (int t = 0; t < 2; t++) {
-    FILE *f = fopen(tables[t], "r");
-    char line[512];
-    unsigned lp, rp;
-    while (f && fgets(line, sizeof line, f))
-      if (tcp_entry(line, &lp, &rp) && nbefore < sizeof before / sizeof before[0])
-        before[nbefore++] = (struct pair){lp, rp};
-    if (f)
-      fclose(f);
-  }
-  qsort(before, nbefore, sizeof before[0], cmp_pair);
-}
-
-
-/* A connection to listener port L shows as (local L, remote e) and as
- * (local e, remote L), either or both still in the table: pairs are
- * counted once. */
 static void count_conns(void) {
-  static struct pair pairs[1 << 16];
-  size_t npairs = 0;
-  const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
-  for (int t = 0; t < 2; t++) {
-    FILE *f = fopen(tables[t], "r");
-    if (!f)
-      continue;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-      unsigned lp, rp;
-      if (!tcp_entry(line, &lp, &rp) || existed(lp, rp))
-        continue;
-      unsigned l = find(lp) ? lp : find(rp) ? rp : 0, e = l == lp ? rp : lp;
-      if (!l)
-        continue;
-      int seen = 0;
-      for (size_t i = 0; i < npairs && !seen; i++)
-        seen = pairs[i].l == l && pairs[i].e == e;
-      if (!seen && npairs < sizeof pairs / sizeof pairs[0]) {
-        pairs[npairs++] = (struct pair){l, e};
-        find(l)->conns++;
-      }
-    }
-    fclose(f);
-  }
+  unsigned ports[MAX_PORTS], conns[MAX_PORTS] = {0};
+  for (int i = 0; i < nls; i++)
+    ports[i] = ls[i].port;
+  conn_count_tally(ports, nls, conns);
+  for (int i = 0; i < nls; i++)
+    ls[i].conns = conns[i];
 }
 
 TEST_IMPL(bootstrap_conns_bounded) {
@@ -223,7 +157,7 @@ TEST_IMPL(bootstrap_conns_bounded) {
   setenv("NCCL_DEBUG", "INFO", 1);
   setenv("NCCL_DEBUG_SUBSYS", "BOOTSTRAP", 1);
   setenv("NCCL_DEBUG_FILE", path, 1);
-  snapshot();
+  conn_count_snapshot();
   ASSERT_MSG(run_ranks(NR, job_rank, NULL) == 0, "a rank failed");
   struct counts c = {0};
   read_logs(dir, &c);
@@ -258,9 +192,6 @@ TEST_IMPL(bootstrap_conns_bounded) {
   ASSERT_MSG(c.root_sent_max_per_rank > 0 && c.root_sent_max_per_rank <= 256,
              "a root sent %lld bytes per rank; at most 256 expected, whatever the number of ranks",
              c.root_sent_max_per_rank);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", dir);
+  harness_remove_dir(dir);
   return 0;
 }

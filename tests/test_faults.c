@@ -42,6 +42,31 @@ static int hosts_up(int n, const char *shape, const char *what) {
   return 0;
 }
 
+/* The test impairs the link once the ranks are connected: in a rank, say
+ * so and wait until it is done (a byte on `go`); 0, or -1 if the test
+ * gave up first. */
+static int await_impairment(int go[2]) {
+  close(go[1]);
+  rank_signal('c');
+  char b;
+  return read(go[0], &b, 1) == 1 ? 0 : -1;
+}
+
+/* Starts the ranks and, once each has connected (await_impairment), runs
+ * `cmd` on host `host` (-1: every host) and releases them: the command's
+ * exit status. */
+static int start_and_impair(int nranks, rank_fn fn, void *arg, int go[2], const char *cmd, int host, pid_t *pids,
+                            int *events) {
+  ASSERT(start_ranks(nranks, fn, arg, pids, events) == 0);
+  close(go[0]);
+  char b;
+  for (int r = 0; r < nranks; r++)
+    ASSERT(read(*events, &b, 1) == 1 && b == 'c');
+  int rc = host < 0 ? on_every_host(cmd) : netns_exec(&net, host, cmd);
+  ASSERT(write(go[1], "go", nranks) == nranks);
+  return rc;
+}
+
 /* Rank 0 sends `bytes` to rank 1, which checks every byte. The
  * connections are made first, with the link as it was; with `go` set the
  * ranks then wait for the test to impair it. */
@@ -58,12 +83,8 @@ static int send_rank(int rank, int n, ncclUniqueId id, void *arg) {
   unsigned char *buf = malloc(bytes);
   RASSERT(buf, "out of memory");
   RCHECK(comm, rank == 0 ? ncclSend(buf, 1, ncclUint8, 1, comm, NULL) : ncclRecv(buf, 1, ncclUint8, 0, comm, NULL));
-  if (x->go[0] >= 0) {
-    close(x->go[1]);
-    rank_signal('c');
-    char b;
-    RASSERT(read(x->go[0], &b, 1) == 1, "rank %d: the test never impaired the link", rank);
-  }
+  if (x->go[0] >= 0)
+    RASSERT(await_impairment(x->go) == 0, "rank %d: the test never impaired the link", rank);
   for (size_t i = 0; i < bytes; i++)
     buf[i] = rank == 0 ? (unsigned char)(i * 7 + (i >> 12)) : 0;
   double t0 = now_s();
@@ -110,16 +131,10 @@ TEST_IMPL(faults_lossy_link) {
   ASSERT(pipe(x.go) == 0);
   pid_t pids[2];
   int events;
-  ASSERT(start_ranks(2, send_rank, &x, pids, &events) == 0);
-  close(x.go[0]);
-  char b;
-  for (int r = 0; r < 2; r++)
-    ASSERT(read(events, &b, 1) == 1 && b == 'c');
   const char *impair = "tc qdisc add dev " NETNS_IFNAME " root tbf rate 300kbit burst 3000 latency 2s && "
                        "iptables -A INPUT -i " NETNS_IFNAME " -p tcp -m statistic --mode nth --every 3 --packet 0 "
                        "-j DROP";
-  int impaired = on_every_host(impair);
-  ASSERT(write(x.go[1], "go", 2) == 2);
+  int impaired = start_and_impair(2, send_rank, &x, x.go, impair, -1, pids, &events);
   close(x.go[1]);
   rc = wait_ranks(2, pids);
   netns_hosts_down(&net);
@@ -140,7 +155,6 @@ struct cut {
  * (released through the pipe) and the second call must fail. */
 static int cut_rank(int rank, int n, ncclUniqueId id, void *arg) {
   struct cut *k = arg;
-  close(k->go[1]);
   close(k->hold[1]);
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
@@ -148,9 +162,7 @@ static int cut_rank(int rank, int n, ncclUniqueId id, void *arg) {
   float *buf = calloc(COUNT, sizeof *buf);
   RASSERT(buf, "out of memory");
   RCHECK(comm, ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
-  rank_signal('c');
-  char b;
-  RASSERT(read(k->go[0], &b, 1) == 1, "rank %d: the test never cut the link", rank);
+  RASSERT(await_impairment(k->go) == 0, "rank %d: the test never cut the link", rank);
   double t0 = now_s();
   ncclResult_t r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL);
   double took = now_s() - t0;
@@ -162,6 +174,7 @@ static int cut_rank(int rank, int n, ncclUniqueId id, void *arg) {
   rank_signal('f');
   /* Alive until every rank has failed: the message of one must not see
    * the other gone. */
+  char b;
   RASSERT(read(k->hold[0], &b, 1) == 0, "rank %d: the pipe did not close", rank);
   ncclCommAbort(comm);
   RASSERT(r == ncclRemoteError || r == ncclSystemError, "rank %d: the AllReduce over a cut link returned %d", rank,
@@ -176,14 +189,9 @@ static int cut_run(struct cut *k, int nranks, const char *cut_cmd, int host) {
   ASSERT(pipe(k->go) == 0 && pipe(k->hold) == 0);
   pid_t pids[2];
   int events;
-  ASSERT(start_ranks(nranks, cut_rank, k, pids, &events) == 0);
-  close(k->go[0]);
+  int cut = start_and_impair(nranks, cut_rank, k, k->go, cut_cmd, host, pids, &events);
   close(k->hold[0]);
   char b;
-  for (int r = 0; r < nranks; r++)
-    ASSERT(read(events, &b, 1) == 1 && b == 'c');
-  int cut = netns_exec(&net, host, cut_cmd);
-  ASSERT(write(k->go[1], "go", nranks) == nranks);
   for (int r = 0; cut == 0 && r < nranks; r++)
     ASSERT(read(events, &b, 1) == 1 && b == 'f');
   close(k->go[1]);

@@ -263,41 +263,6 @@ static int kill_rank(int rank, int n, ncclUniqueId id, void *arg) {
   return 0;
 }
 
-/* Waits for the ranks of one repetition, killing them all if they take
- * longer than REP_LIMIT_S (a hang): 0, or 1 on a hang. */
-static int wait_all(int n, const pid_t *pids, int *status) {
-  int left = n, pfd[MAXR];
-  for (int r = 0; r < n; r++)
-    pfd[r] = (int)syscall(SYS_pidfd_open, pids[r], 0);
-  double t0 = now_s();
-  int hung = 0;
-  while (left > 0) {
-    struct pollfd p[MAXR];
-    for (int r = 0; r < n; r++)
-      p[r] = (struct pollfd){.fd = pfd[r], .events = POLLIN};
-    int ms = (int)((REP_LIMIT_S - (now_s() - t0)) * 1000);
-    int got = ms > 0 ? poll(p, (nfds_t)n, ms) : 0;
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0) {
-      hung = 1;
-      for (int r = 0; r < n; r++)
-        if (pfd[r] >= 0)
-          kill(pids[r], SIGKILL);
-    }
-    for (int r = 0; r < n; r++) {
-      if (pfd[r] < 0 || (!hung && !(p[r].revents & POLLIN)))
-        continue;
-      while (waitpid(pids[r], &status[r], 0) < 0 && errno == EINTR)
-        ;
-      close(pfd[r]);
-      pfd[r] = -1;
-      left--;
-    }
-  }
-  return hung;
-}
-
 struct totals {
   int reps, kills, in_call, survivors, by_name;
   double max_detect, sum_detect, max_teardown;
@@ -308,7 +273,7 @@ static int run_rep(struct rep *k, struct totals *t) {
   pid_t pids[MAXR];
   int status[MAXR];
   ASSERT(start_ranks(k->nranks, kill_rank, k, pids, NULL) == 0);
-  int hung = wait_all(k->nranks, pids, status);
+  int hung = wait_ranks_within(k->nranks, pids, status, REP_LIMIT_S);
   int failed = 0;
   if (hung) {
     fprintf(stderr, "a rank was still running %.0f s after the start: a hang\n", REP_LIMIT_S);

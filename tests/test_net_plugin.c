@@ -112,12 +112,8 @@ static int np_run(int n, const char *plugin, const struct np_case *k) {
   int rc = run_ranks(n, np_rank, (void *)k);
   if (rc != 0 || getenv("LOOM_TEST_KEEP_LOGS"))
     fprintf(stderr, "the ranks' logs are in %s\n", log_dir);
-  else {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", log_dir);
-    if (system(cmd) != 0)
-      fprintf(stderr, "could not remove %s\n", log_dir);
-  }
+  else
+    harness_remove_dir(log_dir);
   return rc;
 }
 

@@ -109,10 +109,7 @@ TEST_IMPL(perf_compare_host_quick) {
   char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--peers", "loom", "--no-build",
                   "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
   int rc = harness_run(argv, out, sizeof out);
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", outdir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", outdir);
+  harness_remove_dir(outdir);
   ASSERT_MSG(rc == 0, "compare_host.sh exited with %d", rc);
   ASSERT(strstr(out, "== allreduce, 2 ranks") && strstr(out, "== reducescatter, 2 ranks"));
   return 0;

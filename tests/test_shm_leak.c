@@ -150,39 +150,6 @@ static int list_entries(const char *prefix, char *out, size_t len) {
   return n;
 }
 
-/* Waits for every rank, killing all of them past REP_LIMIT_S: 1 on a hang. */
-static int wait_all(int n, const pid_t *pids, int *status) {
-  int pfd[MAXR], left = n, hung = 0;
-  for (int r = 0; r < n; r++)
-    pfd[r] = (int)syscall(SYS_pidfd_open, pids[r], 0);
-  double t0 = now_s();
-  while (left > 0) {
-    struct pollfd p[MAXR];
-    for (int r = 0; r < n; r++)
-      p[r] = (struct pollfd){.fd = pfd[r], .events = POLLIN};
-    int ms = (int)((REP_LIMIT_S - (now_s() - t0)) * 1000);
-    int got = ms > 0 ? poll(p, (nfds_t)n, ms) : 0;
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0 && !hung) {
-      hung = 1;
-      for (int r = 0; r < n; r++)
-        if (pfd[r] >= 0)
-          kill(pids[r], SIGKILL);
-    }
-    for (int r = 0; r < n; r++) {
-      if (pfd[r] < 0 || (!hung && !(p[r].revents & POLLIN)))
-        continue;
-      while (waitpid(pids[r], &status[r], 0) < 0 && errno == EINTR)
-        ;
-      close(pfd[r]);
-      pfd[r] = -1;
-      left--;
-    }
-  }
-  return hung;
-}
-
 static const char *const phase_name[] = {"in the init", "before its first call", "in the first call's setup",
                                          "after the first call"};
 
@@ -195,7 +162,7 @@ static int run_rep(struct rep *k, int *kills) {
     return 1;
   }
   int failed = 0;
-  if (wait_all(k->nranks, pids, status)) {
+  if (wait_ranks_within(k->nranks, pids, status, REP_LIMIT_S)) {
     fprintf(stderr, "a rank was still running %.0f s after the start: a hang\n", REP_LIMIT_S);
     failed = 1;
   }

@@ -135,12 +135,7 @@ static int setup(struct status_cfg *cfg, pid_t *pids, int *events) {
   return 0;
 }
 
-static void cleanup(struct status_cfg *cfg) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", cfg->dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", cfg->dir);
-}
+static void cleanup(struct status_cfg *cfg) { harness_remove_dir(cfg->dir); }
 
 /* Rank 1 has not called the AllReduce the others wait in. */
 TEST_IMPL(status_names_absent_rank) {

@@ -22,6 +22,7 @@
 #include "bootstrap_wire.h"
 #include "core.h"
 #include "test.h"
+#include "boot_greeting.h"
 
 static const uint8_t key[BOOT_KEY] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
 static const uint8_t other_key[BOOT_KEY] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11};
@@ -212,6 +213,27 @@ static void *init_thread(void *p) {
   return NULL;
 }
 
+size_t boot_greeting(const uint8_t secret[BOOT_KEY], const struct boot_chal *chal,
+                     const uint8_t listener_nonce[BOOT_NONCE], uint64_t tag, int value, unsigned char *rec) {
+  struct boot_proof proof;
+  struct boot_keys keys;
+  ASSERT_OK(boot_proof_make(secret, chal, listener_nonce, &proof));
+  ASSERT_OK(boot_keys_derive(secret, chal, listener_nonce, &keys));
+  size_t at = 0;
+  memcpy(rec + at, chal, sizeof *chal);
+  at += sizeof *chal;
+  memcpy(rec + at, &proof, sizeof proof);
+  at += sizeof proof;
+  struct boot_msg_hdr h;
+  ASSERT_OK(boot_hdr_make(keys.c2l, 0, tag, sizeof value, &h));
+  memcpy(rec + at, &h, sizeof h);
+  at += sizeof h;
+  memcpy(rec + at, &value, sizeof value);
+  at += sizeof value;
+  ASSERT_OK(boot_trailer_make(keys.c2l, 0, &h, &value, rec + at));
+  return at + BOOT_MAC;
+}
+
 static int raw_connect(const union sock_addr *addr) {
   int s = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT(s >= 0 && connect(s, &addr->sa, sock_addr_len(addr)) == 0);
@@ -239,25 +261,9 @@ TEST_IMPL(bootstrap_replay_rank) {
   memcpy(&id, a[0].id.internal, sizeof id);
   struct boot_chal chal;
   make_chal(&chal, 1, 0, 2, 0x3c);
-  struct boot_keys keys;
-  struct boot_proof proof;
-  ASSERT_OK(boot_proof_make(id.secret, &chal, b0->nonce, &proof));
-  ASSERT_OK(boot_keys_derive(id.secret, &chal, b0->nonce, &keys));
   const int value = 1234;
-  unsigned char rec[sizeof chal + sizeof proof + sizeof(struct boot_msg_hdr) + sizeof value + BOOT_MAC];
-  size_t at = 0;
-  memcpy(rec + at, &chal, sizeof chal);
-  at += sizeof chal;
-  memcpy(rec + at, &proof, sizeof proof);
-  at += sizeof proof;
-  struct boot_msg_hdr h;
-  ASSERT_OK(boot_hdr_make(keys.c2l, 0, 77, sizeof value, &h));
-  memcpy(rec + at, &h, sizeof h);
-  at += sizeof h;
-  memcpy(rec + at, &value, sizeof value);
-  at += sizeof value;
-  ASSERT_OK(boot_trailer_make(keys.c2l, 0, &h, &value, rec + at));
-  at += BOOT_MAC;
+  unsigned char rec[BOOT_GREETING_MAX];
+  size_t at = boot_greeting(id.secret, &chal, b0->nonce, 77, value, rec);
 
   int s1 = raw_connect(&b0->addr);
   ASSERT(send(s1, rec, at, MSG_NOSIGNAL) == (ssize_t)at);

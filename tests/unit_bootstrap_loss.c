@@ -32,6 +32,7 @@
 #include "bootstrap_wire.h"
 #include "core.h"
 #include "test.h"
+#include "boot_greeting.h"
 
 /* ---- ranks as threads over the internal API ---- */
 
@@ -301,27 +302,11 @@ TEST_IMPL(bootstrap_greeting_slow) {
   chal.to = 0;
   chal.nranks = N;
   memset(chal.nonce, 0x5d, sizeof chal.nonce);
-  struct boot_proof proof;
-  struct boot_keys keys;
-  ASSERT_OK(boot_proof_make(bid.secret, &chal, b0->nonce, &proof));
-  ASSERT_OK(boot_keys_derive(bid.secret, &chal, b0->nonce, &keys));
   const int value = 4321;
-  static unsigned char rec[sizeof chal + sizeof proof + sizeof(struct boot_msg_hdr) + sizeof value + BOOT_MAC];
-  size_t at = 0;
-  memcpy(rec + at, &chal, sizeof chal);
-  at += sizeof chal;
-  memcpy(rec + at, &proof, sizeof proof);
-  at += sizeof proof;
-  struct boot_msg_hdr h;
-  ASSERT_OK(boot_hdr_make(keys.c2l, 0, 99, sizeof value, &h));
-  memcpy(rec + at, &h, sizeof h);
-  at += sizeof h;
-  memcpy(rec + at, &value, sizeof value);
-  at += sizeof value;
-  ASSERT_OK(boot_trailer_make(keys.c2l, 0, &h, &value, rec + at));
-  at += BOOT_MAC;
+  static unsigned char rec[BOOT_GREETING_MAX];
+  size_t at = boot_greeting(bid.secret, &chal, b0->nonce, 99, value, rec);
   /* 96 bytes at 30 ms: 2.9 s for the greeting, GREETING_NS is 2 s. */
-  struct dribble d = {.to = b0->addr, .bytes = rec, .len = at, .slow = sizeof chal + sizeof proof, .ms = 30,
+  struct dribble d = {.to = b0->addr, .bytes = rec, .len = at, .slow = sizeof chal + sizeof(struct boot_proof), .ms = 30,
                       .strangers_to = b0->addr};
   for (int i = 0; i < 4; i++)
     d.strangers[i] = -1;

@@ -54,10 +54,5 @@ ncclResult_t rd_schedule(int rank, int nranks, size_t count, struct schedule *ou
   if (rounds + 1 > WORK_MAX_PEERS)
     return err_set(ncclInternalError, "recursive doubling over %d ranks needs more than %d peers", nranks,
                    WORK_MAX_PEERS);
-  ncclResult_t r = build(rank, nranks, p, rounds, count, out, peers);
-  if (r == ncclSuccess)
-    r = schedule_finish(out);
-  if (r != ncclSuccess)
-    schedule_clear(out);
-  return r;
+  return schedule_finish(out, build(rank, nranks, p, rounds, count, out, peers));
 }

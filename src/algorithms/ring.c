@@ -142,10 +142,5 @@ ncclResult_t ring_schedule(const struct ring_args *a, struct schedule *out) {
       __builtin_add_overflow(a->off, a->len, &end))
     return err_set(ncclInternalError, "ring schedule asked for with chunk %zu, align %zu, nranks %d, range %zu+%zu",
                    a->chunk, a->align, a->nranks, a->off, a->len);
-  ncclResult_t r = build(a, out, end);
-  if (r == ncclSuccess)
-    r = schedule_finish(out);
-  if (r != ncclSuccess)
-    schedule_clear(out);
-  return r;
+  return schedule_finish(out, build(a, out, end));
 }

@@ -92,7 +92,11 @@ static ncclResult_t check_loop(const struct schedule *s, uint32_t l) {
   return ncclSuccess;
 }
 
-ncclResult_t schedule_finish(struct schedule *s) {
+ncclResult_t schedule_finish(struct schedule *s, ncclResult_t built) {
+  if (built != ncclSuccess) {
+    schedule_clear(s);
+    return built;
+  }
   uint64_t n = 0;
   for (uint32_t l = 0; l < s->nloops; l++) {
     struct sched_loop *lp = &s->loops[l];
@@ -170,9 +174,5 @@ ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out) {
   ncclResult_t r = schedule_loop(out, 0, count, count, count, 1);
   if (r == ncclSuccess)
     r = schedule_tmpl(out, coll == COLL_SEND ? STEP_SEND : STEP_RECV, 0, 0, 0, 0, TMPL_REL_SRC | TMPL_REL_DST, 0, 0);
-  if (r == ncclSuccess)
-    r = schedule_finish(out);
-  if (r != ncclSuccess)
-    schedule_clear(out);
-  return r;
+  return schedule_finish(out, r);
 }

@@ -178,8 +178,9 @@ void schedule_channel_range(size_t total, int c, int nchannels, size_t align, si
 /* Building a schedule: schedule_clear; per loop, schedule_loop (or
  * schedule_loop_again, which repeats the previous loop's templates over
  * other bounds) and then its templates, in step order (schedule_tmpl);
- * last, schedule_finish, which checks the loops and sets nsteps. A
- * failure leaves the schedule empty. */
+ * last, schedule_finish with the result of those calls, which checks the
+ * loops and sets nsteps, or passes a failure on. A failure leaves the
+ * schedule empty. */
 void schedule_clear(struct schedule *s);
 ncclResult_t schedule_loop(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end, size_t count);
 ncclResult_t schedule_loop_again(struct schedule *s, size_t start, size_t stride, size_t chunk, size_t end,
@@ -189,7 +190,7 @@ ncclResult_t schedule_loop_again(struct schedule *s, size_t start, size_t stride
  * the chunk's start. */
 ncclResult_t schedule_tmpl(struct schedule *s, int kind, int flags, int si, int ri, int chunk, int rel, size_t src,
                            size_t dst);
-ncclResult_t schedule_finish(struct schedule *s);
+ncclResult_t schedule_finish(struct schedule *s, ncclResult_t built);
 
 /* The FIFO slots of `piece` elements each that the whole schedule moves
  * on each of its send and receive peers (WORK_MAX_PEERS entries each,

@@ -54,10 +54,5 @@ ncclResult_t tree_schedule(int parent, const int *children, int nchildren, size_
     peers->send[1 + k] = peers->recv[1 + k] = children[k];
   if (len == 0)
     return ncclSuccess;
-  ncclResult_t r = build(parent, nchildren, off, len, end, chunk, out);
-  if (r == ncclSuccess)
-    r = schedule_finish(out);
-  if (r != ncclSuccess)
-    schedule_clear(out);
-  return r;
+  return schedule_finish(out, build(parent, nchildren, off, len, end, chunk, out));
 }

@@ -221,14 +221,30 @@ void transport_free_conn(struct conn *c) {
   free(c);
 }
 
+void transport_each_conn(struct ncclComm *comm, void (*fn)(struct conn *, void *), void *arg) {
+  for (int c = 0; c < LOOM_MAX_CHANNELS; c++) {
+    if (comm->ring_send[c])
+      fn(comm->ring_send[c], arg);
+    if (comm->ring_recv[c])
+      fn(comm->ring_recv[c], arg);
+  }
+  for (int p = 0; comm->p2p_send && p < comm->nranks; p++) {
+    if (comm->p2p_send[p])
+      fn(comm->p2p_send[p], arg);
+    if (comm->p2p_recv[p])
+      fn(comm->p2p_recv[p], arg);
+  }
+  for (struct conn *c = comm->extra_conns, *next; c; c = next) {
+    next = c->next_extra; /* fn may free it */
+    fn(c, arg);
+  }
+}
+
+static void add_activity(struct conn *c, void *sum) { *(uint64_t *)sum += transport_activity(c); }
+
 uint64_t transport_comm_activity(struct ncclComm *comm) {
   uint64_t a = 0;
-  for (int c = 0; c < LOOM_MAX_CHANNELS; c++)
-    a += transport_activity(comm->ring_send[c]) + transport_activity(comm->ring_recv[c]);
-  for (int p = 0; comm->p2p_send && p < comm->nranks; p++)
-    a += transport_activity(comm->p2p_send[p]) + transport_activity(comm->p2p_recv[p]);
-  for (struct conn *c = comm->extra_conns; c; c = c->next_extra)
-    a += transport_activity(c);
+  transport_each_conn(comm, add_activity, &a);
   return a;
 }
 

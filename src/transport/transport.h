@@ -153,6 +153,10 @@ const char *net_conn_name(const struct conn *c);
 #endif
 #define TRANSPORTS_BUILT TRANSPORTS_P2P_ "shm net/socket" TRANSPORTS_IB_
 
+/* Calls fn on every connection of `comm` (rings, point to point, trees
+ * and recursive doubling); fn may free the one it is given. */
+void transport_each_conn(struct ncclComm *comm, void (*fn)(struct conn *, void *), void *arg);
+
 /* The sum of the activity counts of every connection of `comm`: a wait
  * that sees it change is not stalled, though no slot has moved. */
 uint64_t transport_comm_activity(struct ncclComm *comm);

@@ -1,0 +1,24 @@
+/*
+ * For the bootstrap's unit tests: the bytes a rank sends on a new
+ * connection to another rank's listener (its challenge and proof, then one
+ * message), made by hand so a test can record, replay or dribble them.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_TEST_BOOT_GREETING_H
+#define LOOM_TEST_BOOT_GREETING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap_wire.h"
+
+#define BOOT_GREETING_MAX \
+  (sizeof(struct boot_chal) + sizeof(struct boot_proof) + sizeof(struct boot_msg_hdr) + sizeof(int) + BOOT_MAC)
+
+/* Rank `chal->from`'s greeting under `secret` to a listener that proves
+ * itself with `listener_nonce`, carrying `value` under `tag`, into rec
+ * (BOOT_GREETING_MAX bytes): its length. */
+size_t boot_greeting(const uint8_t secret[BOOT_KEY], const struct boot_chal *chal,
+                     const uint8_t listener_nonce[BOOT_NONCE], uint64_t tag, int value, unsigned char *rec);
+
+#endif
