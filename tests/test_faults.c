@@ -105,9 +105,12 @@ static int send_rank(int rank, int n, ncclUniqueId id, void *arg) {
 }
 
 /* 300 kbit/s with no burst: one 256 KiB slot takes 7 s, over twice
- * LOOM_TIMEOUT, while bytes arrive all along. */
+ * LOOM_TIMEOUT, while bytes arrive all along. The shaper queues up to 20 s
+ * of packets rather than drop them: with drops, TCP's backed-off
+ * retransmissions can leave the link silent for seconds, which is what
+ * LOOM_TIMEOUT is for (faults_lossy_link drops on purpose, on a pattern). */
 TEST_IMPL(faults_slow_link) {
-  int rc = hosts_up(2, "tc qdisc add dev " NETNS_IFNAME " root tbf rate 300kbit burst 3000 latency 2s",
+  int rc = hosts_up(2, "tc qdisc add dev " NETNS_IFNAME " root tbf rate 300kbit burst 3000 latency 20s",
                     "shape the link (tc ... tbf)");
   if (rc)
     return rc;
@@ -131,7 +134,7 @@ TEST_IMPL(faults_lossy_link) {
   ASSERT(pipe(x.go) == 0);
   pid_t pids[2];
   int events;
-  const char *impair = "tc qdisc add dev " NETNS_IFNAME " root tbf rate 300kbit burst 3000 latency 2s && "
+  const char *impair = "tc qdisc add dev " NETNS_IFNAME " root tbf rate 300kbit burst 3000 latency 20s && "
                        "iptables -A INPUT -i " NETNS_IFNAME " -p tcp -m statistic --mode nth --every 3 --packet 0 "
                        "-j DROP";
   int impaired = start_and_impair(2, send_rank, &x, x.go, impair, -1, pids, &events);

@@ -329,6 +329,15 @@ static int run_rep(struct rep *k, struct totals *t) {
     } else {
       t->by_name++;
     }
+    /* Its sockets close as it dies, before its exit shows: the message
+     * must not call it alive. */
+    char alive[64];
+    snprintf(alive, sizeof alive, "rank %d (pid %d on ", k->victim, (int)pids[k->victim]);
+    const char *at = strstr(s->msg, alive), *end = at ? strchr(at, ')') : NULL;
+    if (end && strncmp(end, ") is still running", strlen(") is still running")) == 0) {
+      fprintf(stderr, "rank %d: the message calls the killed rank %d alive: %s\n", r, k->victim, s->msg);
+      failed = 1;
+    }
   }
   /* Segments are unlinked once both sides have mapped them, so not even
    * the victim's stay behind. */

@@ -250,12 +250,14 @@ uint64_t transport_comm_activity(struct ncclComm *comm) {
 
 /* Whether rank `peer` of this host has exited (its pidfd is readable);
  * 0 where there is no pidfd (another host, or an old kernel). */
-static int peer_exited(const struct ncclComm *comm, int peer) {
+static int peer_exited_within(const struct ncclComm *comm, int peer, int ms) {
   if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
     return 0;
   struct pollfd p = {.fd = comm->peer_pidfd[peer], .events = POLLIN};
-  return poll(&p, 1, 0) > 0;
+  return poll(&p, 1, ms) > 0;
 }
+
+static int peer_exited(const struct ncclComm *comm, int peer) { return peer_exited_within(comm, peer, 0); }
 
 ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
   if (peer_exited(comm, peer))
@@ -268,7 +270,10 @@ void transport_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len)
   const struct peer_info *p = &comm->peers[peer];
   if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
     snprintf(buf, len, "; rank %d runs on %s, whose processes this rank cannot see", peer, p->hostname);
-  else if (peer_exited(comm, peer))
+  /* A killed process closes its sockets before its exit shows on the
+   * pidfd: it is given a moment (this is a failure's path) before being
+   * called alive. */
+  else if (peer_exited_within(comm, peer, 200))
     snprintf(buf, len, "; rank %d (pid %d on %s) has exited", peer, p->pid, p->hostname);
   else
     snprintf(buf, len, "; rank %d (pid %d on %s) is still running", peer, p->pid, p->hostname);
