@@ -15,6 +15,12 @@
  * anyway joins again: bootstrap_join.c). A job whose ranks disagree on
  * nranks is failed at once, for every rank that joined and every one that
  * joins later, with the sentence that says so.
+ *
+ * The process may fork while its root runs (Python's multiprocessing
+ * starts ranks so). A child gets copies of the root's sockets but not its
+ * thread; a copy would keep a connection the root drops or refuses open,
+ * and its rank would never hear that. So the root works under its own
+ * lock, which fork takes, and the child closes its copies (root_fork_*).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -31,6 +37,10 @@
 #include <unistd.h>
 
 struct root {
+  struct root *next; /* in `roots` */
+  /* Held by the root's thread except while it polls, so that a fork sees
+   * whole state: every socket it holds, none half-closed. */
+  pthread_mutex_t mu;
   int listen_fd;
   uint8_t key[BOOT_KEY];
   char where[SOCK_ADDR_STRLEN];
@@ -288,9 +298,87 @@ static void answer_all(struct root *rt) {
   }
 }
 
-static void root_free(struct root *rt) {
+/* ---- fork ---- */
+
+static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct root *roots; /* the running roots of this process */
+static pthread_once_t root_fork_once = PTHREAD_ONCE_INIT;
+
+static void root_fork_prepare(void) {
+  pthread_mutex_lock(&roots_mu);
+  for (struct root *rt = roots; rt; rt = rt->next)
+    pthread_mutex_lock(&rt->mu);
+}
+
+static void root_fork_parent(void) {
+  for (struct root *rt = roots; rt; rt = rt->next)
+    pthread_mutex_unlock(&rt->mu);
+  pthread_mutex_unlock(&roots_mu);
+}
+
+/* The child has no root thread: it closes the root's sockets and forgets
+ * the roots (their memory is the parent's threads' to free). */
+static void root_fork_child(void) {
+  for (struct root *rt = roots; rt; rt = rt->next) {
+    if (rt->listen_fd >= 0)
+      close(rt->listen_fd);
+    for (int i = 0; i < rt->npend; i++)
+      close(rt->pend[i]->fd);
+    for (int i = 0; rt->conns && i < rt->nranks; i++)
+      if (rt->conns[i])
+        close(rt->conns[i]->fd);
+    pthread_mutex_unlock(&rt->mu);
+  }
+  roots = NULL;
+  pthread_mutex_unlock(&roots_mu);
+}
+
+/* The log's and libcrypto's handlers first: fork runs prepare handlers
+ * last registered first, so it takes the roots' locks before theirs (a
+ * root holds its own while it logs and computes MACs). */
+static void root_fork_register(void) {
+  log_fork_init();
+  boot_crypto_fork_init();
+  pthread_atfork(root_fork_prepare, root_fork_parent, root_fork_child);
+}
+
+static void roots_add(struct root *rt) {
+  pthread_once(&root_fork_once, root_fork_register);
+  pthread_mutex_lock(&roots_mu);
+  rt->next = roots;
+  roots = rt;
+  pthread_mutex_unlock(&roots_mu);
+}
+
+static void roots_remove(struct root *rt) {
+  pthread_mutex_lock(&roots_mu);
+  for (struct root **p = &roots; *p; p = &(*p)->next)
+    if (*p == rt) {
+      *p = rt->next;
+      break;
+    }
+  pthread_mutex_unlock(&roots_mu);
+}
+
+/* Closes every socket the root holds (under its lock). */
+static void root_close_all(struct root *rt) {
+  for (int i = 0; i < rt->npend; i++)
+    conn_done(rt, rt->pend[i]);
+  rt->npend = 0;
+  for (int i = 0; rt->conns && i < rt->nranks; i++)
+    if (rt->conns[i]) {
+      conn_done(rt, rt->conns[i]);
+      rt->conns[i] = NULL;
+    }
   if (rt->listen_fd >= 0)
     close(rt->listen_fd);
+  rt->listen_fd = -1;
+}
+
+/* Takes a root whose sockets are closed out of `roots` and frees it. */
+static void root_free(struct root *rt) {
+  roots_remove(rt);
+  pthread_mutex_destroy(&rt->mu);
   free(rt->conns);
   free(rt->peers);
   free(rt->hellos);
@@ -303,6 +391,7 @@ static void root_free(struct root *rt) {
 
 static void *root_main(void *arg) {
   struct root *rt = arg;
+  pthread_mutex_lock(&rt->mu);
   uint64_t deadline = time_ns() + (uint64_t)rt->timeout_s * 1000000000ull;
   struct pollfd *pfd = rt->pfd;
   int all = 0;
@@ -336,7 +425,10 @@ static void *root_main(void *arg) {
       pfd[i + 1] = (struct pollfd){.fd = rt->pend[i]->fd, .events = boot_conn_events(rt->pend[i])};
     int nfds = rt->npend + 1;
     uint64_t ms = (wake - now) / 1000000 + 1;
-    if (poll(pfd, (nfds_t)nfds, ms > 1000 ? 1000 : (int)ms) <= 0)
+    pthread_mutex_unlock(&rt->mu);
+    int n = poll(pfd, (nfds_t)nfds, ms > 1000 ? 1000 : (int)ms);
+    pthread_mutex_lock(&rt->mu);
+    if (n <= 0)
       continue;
     /* Greetings first: reading them reorders pend[], so walk backwards
      * over the entries that were polled. */
@@ -349,11 +441,8 @@ static void *root_main(void *arg) {
     if ((pfd[0].revents & POLLIN) && accept_all(rt) < 0)
       break;
   }
-  for (int i = 0; i < rt->npend; i++)
-    conn_done(rt, rt->pend[i]);
-  for (int i = 0; rt->conns && i < rt->nranks; i++)
-    if (rt->conns[i])
-      conn_done(rt, rt->conns[i]);
+  root_close_all(rt);
+  pthread_mutex_unlock(&rt->mu);
   if (rt->warn.held > 0)
     WARN("bootstrap root at %s: %d more connection(s) refused or dropped, not logged one by one", rt->where,
          rt->warn.held);
@@ -371,18 +460,24 @@ ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, const uint8_
   if (!rt)
     return err_set(ncclSystemError, "out of memory starting the bootstrap root");
   rt->listen_fd = -1;
+  pthread_mutex_init(&rt->mu, NULL);
+  /* Listed before its socket exists, so that no fork misses that. */
+  roots_add(rt);
+  pthread_mutex_lock(&rt->mu);
   /* Read here: the root's own thread never reads the environment. */
   rt->max_pending = (int)param_int(P_BOOTSTRAP_PENDING);
   rt->pend = calloc((size_t)rt->max_pending, sizeof *rt->pend);
   rt->pfd = calloc((size_t)rt->max_pending + 1, sizeof *rt->pfd);
   if (!rt->pend || !rt->pfd) {
     int max = rt->max_pending;
+    pthread_mutex_unlock(&rt->mu);
     root_free(rt);
     return err_set(ncclSystemError, "out of memory starting the bootstrap root (LOOM_BOOTSTRAP_PENDING=%d)", max);
   }
   union sock_addr addr;
   ncclResult_t r = sock_listen(bind_addr, &rt->listen_fd, &addr);
   if (r != ncclSuccess) {
+    pthread_mutex_unlock(&rt->mu);
     root_free(rt);
     return r;
   }
@@ -393,6 +488,7 @@ ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, const uint8_
   sock_addr_str(&addr, rt->where, sizeof rt->where);
   if (bound)
     *bound = addr;
+  pthread_mutex_unlock(&rt->mu);
   pthread_t t;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -400,6 +496,9 @@ ncclResult_t bootstrap_root_start(const union sock_addr *bind_addr, const uint8_
   int rc = pthread_create(&t, &attr, root_main, rt);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
+    pthread_mutex_lock(&rt->mu);
+    root_close_all(rt);
+    pthread_mutex_unlock(&rt->mu);
     root_free(rt);
     return err_set(ncclSystemError, "cannot start the bootstrap root thread: %s", strerror(rc));
   }

@@ -38,6 +38,23 @@ const char *boot_verdict_str(enum boot_verdict v) {
 
 /* ---- HMAC-SHA256 ---- */
 
+/* Loom's threads (the bootstrap root, an asynchronous init) call libcrypto
+ * while the program may fork: Python's multiprocessing forks ranks from
+ * the process whose root is greeting the first ones. libcrypto's locks are
+ * not fork-safe, and a child forked while another thread held one of them
+ * (EVP_MAC_fetch takes the method store's) waits on it forever in its
+ * first MAC. So every call goes through crypto_mu, and fork takes it
+ * first (boot_crypto_fork_init): no Loom thread is inside libcrypto at a
+ * fork. */
+static pthread_mutex_t crypto_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t crypto_fork_once = PTHREAD_ONCE_INIT;
+
+static void crypto_lock(void) { pthread_mutex_lock(&crypto_mu); }
+static void crypto_unlock(void) { pthread_mutex_unlock(&crypto_mu); }
+static void crypto_fork_register(void) { pthread_atfork(crypto_lock, crypto_unlock, crypto_unlock); }
+
+void boot_crypto_fork_init(void) { pthread_once(&crypto_fork_once, crypto_fork_register); }
+
 struct part {
   const void *p;
   size_t n;
@@ -45,11 +62,11 @@ struct part {
 
 #if OPENSSL_VERSION_NUMBER >= 0x30000000L
 static EVP_MAC *hmac_alg;
-static pthread_once_t hmac_once = PTHREAD_ONCE_INIT;
 static void hmac_fetch(void) { hmac_alg = EVP_MAC_fetch(NULL, "HMAC", NULL); }
 
-static int hmac(const uint8_t key[BOOT_KEY], const struct part *parts, int n, uint8_t out[BOOT_MAC]) {
-  pthread_once(&hmac_once, hmac_fetch);
+static int hmac_locked(const uint8_t key[BOOT_KEY], const struct part *parts, int n, uint8_t out[BOOT_MAC]) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, hmac_fetch);
   if (hmac_alg == NULL)
     return -1;
   EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(hmac_alg);
@@ -66,7 +83,7 @@ static int hmac(const uint8_t key[BOOT_KEY], const struct part *parts, int n, ui
   return ok ? 0 : -1;
 }
 #else
-static int hmac(const uint8_t key[BOOT_KEY], const struct part *parts, int n, uint8_t out[BOOT_MAC]) {
+static int hmac_locked(const uint8_t key[BOOT_KEY], const struct part *parts, int n, uint8_t out[BOOT_MAC]) {
   HMAC_CTX *ctx = HMAC_CTX_new();
   if (ctx == NULL)
     return -1;
@@ -80,13 +97,25 @@ static int hmac(const uint8_t key[BOOT_KEY], const struct part *parts, int n, ui
 }
 #endif
 
+static int hmac(const uint8_t key[BOOT_KEY], const struct part *parts, int n, uint8_t out[BOOT_MAC]) {
+  boot_crypto_fork_init();
+  crypto_lock();
+  int r = hmac_locked(key, parts, n, out);
+  crypto_unlock();
+  return r;
+}
+
 static ncclResult_t crypto_failed(const char *what) {
   return err_set(ncclSystemError, "libcrypto failed to compute the bootstrap's %s (HMAC-SHA256)", what);
 }
 
 ncclResult_t boot_sha256(const void *data, size_t len, uint8_t out[BOOT_KEY]) {
   unsigned n = 0;
-  if (!EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) || n != BOOT_KEY)
+  boot_crypto_fork_init();
+  crypto_lock();
+  int ok = EVP_Digest(data, len, out, &n, EVP_sha256(), NULL);
+  crypto_unlock();
+  if (!ok || n != BOOT_KEY)
     return crypto_failed("key from LOOM_SECRET (SHA-256)");
   return ncclSuccess;
 }

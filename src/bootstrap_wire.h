@@ -214,6 +214,12 @@ ncclResult_t boot_sha256(const void *data, size_t len, uint8_t out[BOOT_KEY]);
 ncclResult_t boot_child_secret(const uint8_t parent[BOOT_KEY], const char *kind, uint64_t parent_hash, uint64_t seq,
                                int32_t color, const uint8_t tag[8], uint8_t out[BOOT_KEY]);
 
+/* Makes fork wait while a Loom thread is inside libcrypto, whose locks a
+ * child would otherwise inherit held. Idempotent; the first MAC calls it,
+ * and a module with fork handlers of its own calls it before registering
+ * them, so that fork takes its locks before this one. */
+void boot_crypto_fork_init(void);
+
 /* Zeroes memory that held a secret or a key, in a way the compiler keeps. */
 void boot_cleanse(void *p, size_t len);
 

@@ -137,7 +137,17 @@ static void log_init_locked(void) {
   __atomic_store_n(&log_level_now, level, __ATOMIC_RELEASE);
 }
 
+static void log_lock_take(void) { pthread_mutex_lock(&log_lock); }
+static void log_lock_give(void) { pthread_mutex_unlock(&log_lock); }
+static void log_fork_register(void) { pthread_atfork(log_lock_take, log_lock_give, log_lock_give); }
+
+void log_fork_init(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, log_fork_register);
+}
+
 void log_init(void) {
+  log_fork_init();
   pthread_mutex_lock(&log_lock);
   if (log_level_now < 0)
     log_init_locked();

@@ -41,6 +41,11 @@ extern int log_level_now;
 extern unsigned log_subsys_now;
 void log_init(void);
 void log_reset(void);
+/* Makes fork wait while a thread writes a log line, so that a child never
+ * inherits the log's lock held. Idempotent; log_init calls it, and a
+ * module whose threads log under a lock of their own that fork also takes
+ * calls it before registering its handlers (bootstrap_root.c). */
+void log_fork_init(void);
 
 /* Checks NCCL_DEBUG and NCCL_DEBUG_SUBSYS, so that init can refuse a bad
  * value with a sentence instead of logging at the wrong level. */
