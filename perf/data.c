@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "exec/dtype.h"
+#include "common/dtype.h"
 
 typedef enum { K_SINT, K_UINT, K_FLOAT } kind_t;
 
@@ -64,7 +64,7 @@ static unsigned char poison_byte(ncclDataType_t t) {
 
 /* ---- elements ------------------------------------------------------------ */
 
-/* The library's own conversions (src/exec/dtype.c), exhaustively tested by
+/* The library's own conversions (src/common/dtype.c), exhaustively tested by
  * its unit tests, so the benchmarks and the library agree on rounding. */
 static void store_float(void *p, ncclDataType_t t, double v) { dtype_store(t, p, 0, v); }
 

@@ -6,7 +6,7 @@
  */
 #include "async.h"
 
-#include "comm.h"
+#include "comm_api.h"
 #include "misc/utils.h"
 
 #include <errno.h>
@@ -92,14 +92,10 @@ ncclResult_t async_submit(struct ncclComm *owner, struct ncclComm **comms, int n
   return ncclSuccess;
 }
 
-int async_busy(const struct ncclComm *comm) {
-  return atomic_load_explicit(&comm->async_busy, memory_order_acquire);
-}
-
 void async_wait(const struct ncclComm *comm) {
   /* Jobs end by themselves within LOOM_TIMEOUT; this is teardown, rare
    * enough that polling costs nothing. */
-  while (async_busy(comm)) {
+  while (comm_async_busy(comm)) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }

@@ -23,9 +23,6 @@ struct async_worker;
 typedef void (*async_fn)(void *arg);
 ncclResult_t async_submit(struct ncclComm *owner, struct ncclComm **comms, int ncomms, async_fn fn, void *arg);
 
-/* Whether a job involving the communicator is not done yet. */
-int async_busy(const struct ncclComm *comm);
-
 /* Waits until the communicator's job is done (ncclCommDestroy). */
 void async_wait(const struct ncclComm *comm);
 

@@ -5,8 +5,8 @@
  */
 #include "call_check.h"
 
-#include "comm.h"
-#include "enqueue.h"
+#include "comm/comm.h"
+#include "common/coll.h"
 #include "misc/param.h"
 
 #include <stdatomic.h>

@@ -6,9 +6,8 @@
  */
 #include "core.h"
 #include "api.h"
-#include "comm.h"
-#include "enqueue.h"
-#include "exec/dtype.h"
+#include "comm_api.h"
+#include "common/dtype.h"
 #include "group.h"
 #include "misc/cudamem.h"
 #include "plan.h"

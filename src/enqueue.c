@@ -9,10 +9,10 @@
  */
 #include "core.h"
 #include "call_check.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "enqueue.h"
+#include "algorithms/tuner.h"
 #include "exec/cuda/cuda_exec.h"
-#include "exec/dtype.h"
 #include "exec/host_exec.h"
 #include "exec/slot.h"
 #include "misc/cudamem.h"
@@ -25,41 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *coll_names[COLL_COUNT] = {"Broadcast", "Reduce",  "AllGather", "ReduceScatter",
-                                             "AllReduce", "Send",    "Recv"};
-
-const char *coll_name(int coll) { return coll >= 0 && coll < COLL_COUNT ? coll_names[coll] : "?"; }
-
-void task_describe(const struct task *t, char *buf, size_t len) {
-  static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
-  const char *op = t->op >= 0 && t->op < ncclNumOps ? ops[t->op] : "premulsum";
-  switch (t->coll) {
-  case COLL_SEND:
-  case COLL_RECV:
-    snprintf(buf, len, "%s(count %zu, %s, %s rank %d)", coll_name(t->coll), t->count, dtype_name(t->dtype),
-             t->coll == COLL_SEND ? "to" : "from", t->peer);
-    break;
-  case COLL_BROADCAST:
-    snprintf(buf, len, "Broadcast(count %zu, %s, root %d)", t->count, dtype_name(t->dtype), t->root);
-    break;
-  case COLL_REDUCE:
-    snprintf(buf, len, "Reduce(count %zu, %s, %s, root %d)", t->count, dtype_name(t->dtype), op, t->root);
-    break;
-  case COLL_ALLGATHER:
-    snprintf(buf, len, "AllGather(count %zu, %s)", t->count, dtype_name(t->dtype));
-    break;
-  default:
-    snprintf(buf, len, "%s(count %zu, %s, %s)", coll_name(t->coll), t->count, dtype_name(t->dtype), op);
-  }
-}
-
 static ncclResult_t progress_conn(struct conn *c) {
-  return (c && c->tr->progress) ? c->tr->progress(c) : ncclSuccess;
+  return c ? transport_progress(c) : ncclSuccess;
 }
 
-static ncclResult_t check_conn(struct conn *c) { return (c && c->tr->check) ? c->tr->check(c) : ncclSuccess; }
+static ncclResult_t check_conn(struct conn *c) { return c ? transport_check(c) : ncclSuccess; }
 
-static ncclResult_t failed_conn(struct conn *c) { return (c && c->tr->failed) ? c->tr->failed(c) : ncclSuccess; }
+static ncclResult_t failed_conn(struct conn *c) { return c ? transport_failed(c) : ncclSuccess; }
 
 static void fail_context(const struct work *w, const char *what) {
   char desc[200];
@@ -251,7 +223,7 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
 
 /* The shape of a call, as far as its schedule and connections go. */
 static int key_matches(const struct work *w, const struct task *t) {
-  return w->key.coll == t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype && w->key.root == t->root;
+  return w->key.coll == (int)t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype && w->key.root == t->root;
 }
 
 /* Small collectives are most of a training step's calls, and their
@@ -321,7 +293,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
       task_describe(t, desc, sizeof desc);
       err_context("rank %d, preparing %s", comm->rank, desc);
     } else if (lane.head) {
-      lane.head->key.coll = t->coll + 1;
+      lane.head->key.coll = (int)t->coll + 1;
       lane.head->key.count = t->count;
       lane.head->key.dtype = t->dtype;
       lane.head->key.root = t->root;

@@ -1,7 +1,13 @@
-/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ncclGroupStart and ncclGroupEnd (group.h): the thread's nesting depth,
+ * the communicators and creation jobs its open group holds, and the first
+ * error of the group, which ncclGroupEnd returns.
+ * SPDX-License-Identifier: Apache-2.0
+ */
 #include "core.h"
 #include "api.h"
 #include "async.h"
+#include "enqueue.h"
 #include "group.h"
 #include "misc/utils.h"
 

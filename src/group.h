@@ -7,8 +7,8 @@
 #ifndef LOOM_GROUP_H
 #define LOOM_GROUP_H
 
-#include "comm.h"
-#include "enqueue.h"
+#include "comm_api.h"
+#include "common/coll.h"
 
 int group_depth(void);
 

@@ -1,16 +1,19 @@
 /*
  * Creating communicators: ncclGetUniqueId, ncclCommInitRank(Config),
- * ncclCommInitAll, ncclCommSplit. Every communicator in this build is a
- * host communicator (buffers in host memory, stream NULL); CUDA
- * communicators come with the CUDA executor.
+ * ncclCommInitAll, ncclCommSplit. A rank with a CUDA device makes a CUDA
+ * communicator (the CUDA executor runs its calls on the user's stream);
+ * one without, or with LOOM_DEVICE=host, a host communicator (buffers in
+ * host memory, stream ignored). Init also hooks in what the lower floors
+ * may not call up for (comm->poison_conns, comm->gpu_nic_facts).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
 #include "api.h"
 #include "async.h"
-#include "bootstrap.h"
+#include "bootstrap/bootstrap.h"
+#include "algorithms/tuner.h"
 #include "call_check.h"
-#include "comm.h"
+#include "comm_api.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/reduce.h"
 #include "group.h"
@@ -18,7 +21,7 @@
 #include "misc/utils.h"
 #include "topology/topo.h"
 #include "status.h"
-#include "transport/net.h"
+#include "transport/net/net.h"
 #include "transport/transport.h"
 
 #include <pthread.h>
@@ -72,9 +75,8 @@ ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out) {
   out->size = sizeof *out;
   if (out->blocking != NCCL_CONFIG_UNDEF_INT && out->blocking != 0 && out->blocking != 1)
     return err_set(ncclInvalidArgument, "config.blocking is %d; it must be 0 or 1", out->blocking);
-  if (out->netName != NULL && strcasecmp(out->netName, "Socket") != 0)
-    return err_set(ncclInvalidArgument, "config.netName \"%s\" names no network plugin; the plugins are: Socket",
-                   out->netName);
+  if (out->netName != NULL)
+    CHECK(net_config_name(out->netName));
   return ncclSuccess;
 }
 
@@ -85,6 +87,8 @@ ncclResult_t comm_alloc(struct ncclComm **out) {
   c->rank = -1;
   c->cuda_dev = -1;
   c->is_host = 1;
+  c->poison_conns = transport_poison_conns;
+  c->gpu_nic_facts = topo_gpu_nic_facts;
   *out = c;
   return ncclSuccess;
 }
@@ -118,7 +122,7 @@ static ncclResult_t check_peers(struct ncclComm *comm) {
   return ncclSuccess;
 }
 
-static ncclResult_t alive_cb(void *ctx, int peer) { return transport_peer_alive(ctx, peer); }
+static ncclResult_t alive_cb(void *ctx, int peer) { return comm_peer_alive(ctx, peer); }
 
 /* Opens a pidfd for each peer on this host, so waits notice its exit. */
 static void open_pidfds(struct ncclComm *comm) {
@@ -179,7 +183,10 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
    * decide alike. */
   if (comm->is_host && !shm_off && oversubscribed)
     in.lat_local *= 2.5;
-  return tuner_init(&comm->tuner, &in);
+  comm->tuner = calloc(1, sizeof *comm->tuner);
+  if (!comm->tuner)
+    return err_set(ncclSystemError, "out of memory for the communicator's tuner");
+  return tuner_init(comm->tuner, &in);
 }
 
 /* The whole of a rank's init once its communicator struct exists. */

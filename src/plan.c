@@ -7,10 +7,12 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
+#include "algorithms/schedule.h"
+#include "algorithms/tuner.h"
 #include "call_check.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "enqueue.h"
-#include "exec/dtype.h"
+#include "common/dtype.h"
 #include "exec/host_exec.h"
 #include "misc/utils.h"
 #include "plan.h"
@@ -276,7 +278,7 @@ ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *al
    * so saturating is enough should a caller have skipped it. */
   if (__builtin_mul_overflow(t->count, dtype_size(t->dtype), &bytes) || __builtin_mul_overflow(bytes, mult, &bytes))
     bytes = SIZE_MAX;
-  return tuner_pick(&comm->tuner, t->coll, bytes, algo, nch, NULL);
+  return tuner_pick(comm->tuner, t->coll, bytes, algo, nch, NULL);
 }
 
 ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch) {

@@ -6,9 +6,9 @@
 #ifndef LOOM_PLAN_H
 #define LOOM_PLAN_H
 
-#include "comm.h"
-#include "enqueue.h"
-#include "exec/dtype.h"
+#include "comm/comm.h"
+#include "common/coll.h"
+#include "common/dtype.h"
 
 #include <stdint.h>
 

@@ -13,8 +13,8 @@
 #include "core.h"
 #include "api.h"
 #include "async.h"
-#include "bootstrap.h"
-#include "comm.h"
+#include "bootstrap/bootstrap.h"
+#include "comm_api.h"
 #include "group.h"
 #include "misc/utils.h"
 
@@ -178,7 +178,7 @@ static ncclResult_t shrink_run(struct ncclComm *comm, const int *list, int count
   /* A nonblocking parent's job in flight: NCCL_SHRINK_ABORT stops it (it
    * fails, and the parent with it); the flag then comes down again so the
    * parent's bootstrap can carry the shrink. */
-  if (async_busy(comm) && flags == NCCL_SHRINK_ABORT) {
+  if (comm_async_busy(comm) && flags == NCCL_SHRINK_ABORT) {
     __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
     async_wait(comm);
     __atomic_store_n(&comm->abort_flag, 0, __ATOMIC_SEQ_CST);
@@ -225,7 +225,7 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     r = check_args(comm, excludeRanksList, excludeRanksCount, newcomm, shrinkFlags, excluded);
     free(excluded);
   }
-  if (r == ncclSuccess && async_busy(comm) && shrinkFlags != NCCL_SHRINK_ABORT)
+  if (r == ncclSuccess && comm_async_busy(comm) && shrinkFlags != NCCL_SHRINK_ABORT)
     r = err_set(ncclInvalidUsage,
                 "ncclCommShrink: the communicator's previous call is still in progress (a nonblocking "
                 "communicator); wait for it, or pass NCCL_SHRINK_ABORT to stop it");

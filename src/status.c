@@ -6,9 +6,9 @@
  */
 #include "status.h"
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "core.h"
-#include "enqueue.h"
+#include "common/coll.h"
 #include "exec/host_exec.h"
 #include "misc/utils.h"
 #include "transport/transport.h"

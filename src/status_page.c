@@ -5,8 +5,8 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "enqueue.h"
-#include "exec/dtype.h"
+#include "common/coll.h"
+#include "common/dtype.h"
 #include "status.h"
 
 #include <dirent.h>

@@ -28,7 +28,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "bootstrap_wire.h"
+#include "bootstrap/bootstrap_wire.h"
 #include "harness.h"
 #include "loom.h"
 #include "test.h"

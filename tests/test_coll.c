@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exec/dtype.h"
+#include "common/dtype.h"
 #if LOOM_TEST_CUDA
 #include <cuda_runtime.h>
 #endif

@@ -389,6 +389,9 @@ TEST_IMPL(errors_init_args) {
 }
 
 TEST_IMPL(errors_init_config) {
+  /* config.netName must name the plugin the process uses: Socket here,
+   * whatever the machine has (test_net_ib.c tries IB). */
+  setenv("NCCL_NET", "Socket", 1);
   ncclUniqueId id;
   ASSERT_OK(ncclGetUniqueId(&id));
   ncclComm_t comm = NULL;
@@ -403,13 +406,16 @@ TEST_IMPL(errors_init_config) {
   cfg3.netName = "Bogus";
   EXPECT(NULL, ncclCommInitRankConfig(&comm, 1, id, 0, &cfg3), ncclInvalidArgument, "netName", "\"Bogus\"",
          "Socket");
+  cfg3.netName = "IB";
+  EXPECT(NULL, ncclCommInitRankConfig(&comm, 1, id, 0, &cfg3), ncclInvalidUsage, "config.netName \"IB\"",
+         "uses NET/Socket", "NCCL_NET=IB");
   ncclConfig_t cfg4 = NCCL_CONFIG_INITIALIZER;
   cfg4.size = 3;
   EXPECT(NULL, ncclCommInitRankConfig(&comm, 1, id, 0, &cfg4), ncclInvalidArgument, "config.size 3");
   ASSERT(comm == NULL);
   ncclConfig_t good = NCCL_CONFIG_INITIALIZER;
   good.blocking = 1;
-  good.netName = "socket";
+  good.netName = "socket"; /* the plugin NCCL_NET chose, whatever the case */
   ASSERT_OK(ncclCommInitRankConfig(&comm, 1, id, 0, &good));
   if (allreduce_ok(comm, 0, 1) != 0)
     return 1;

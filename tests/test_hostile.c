@@ -27,11 +27,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "bootstrap_wire.h"
+#include "bootstrap/bootstrap_wire.h"
 #include "harness.h"
 #include "loom.h"
 #include "test.h"
-#include "transport/net_socket.h"
+#include "transport/net/socket/net_socket.h"
 
 int bt_allreduce_check(ncclComm_t comm, int rank, int nranks, char *why, size_t len); /* test_bootstrap.c */
 

@@ -208,3 +208,46 @@ TEST_IMPL(coll_ib_two_hosts) {
   unsetenv("NCCL_SHM_DISABLE");
   return hosts_run();
 }
+
+#ifdef LOOM_VERBS_DOUBLE_PATH
+/* config.netName names the plugin by what NCCL_NET takes ("IB" in any
+ * case); a plugin other than the one the process uses is refused with a
+ * sentence saying which it uses. */
+static int netname_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  ncclComm_t comm = NULL;
+  ncclConfig_t other = NCCL_CONFIG_INITIALIZER;
+  other.netName = "Socket";
+  ncclResult_t r = ncclCommInitRankConfig(&comm, n, id, rank, &other);
+  const char *msg = ncclGetLastError(NULL);
+  if (r != ncclInvalidUsage || !strstr(msg, "uses NET/IB") || comm != NULL) {
+    fprintf(stderr, "rank %d: config.netName=Socket beside NCCL_NET=IB returned %d: %s\n", rank, (int)r, msg);
+    return 1;
+  }
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.netName = "ib";
+  if (ncclCommInitRankConfig(&comm, n, id, rank, &cfg) != ncclSuccess) {
+    fprintf(stderr, "rank %d: config.netName=ib: %s\n", rank, ncclGetLastError(NULL));
+    return 1;
+  }
+  float x[64];
+  for (int i = 0; i < 64; i++)
+    x[i] = (float)(rank + i);
+  const char *name = NULL;
+  int bad = ncclAllReduce(x, x, 64, ncclFloat, ncclSum, comm, NULL) != ncclSuccess ||
+            loomCommPeerTransport(comm, 1 - rank, &name) != ncclSuccess || strcmp(name, "net/ib") != 0;
+  for (int i = 0; i < 64 && !bad; i++)
+    bad = x[i] != (float)(1 + 2 * i);
+  if (bad)
+    fprintf(stderr, "rank %d: AllReduce over config.netName=ib: %s (transport %s)\n", rank, ncclGetLastError(comm),
+            name ? name : "?");
+  ncclCommDestroy(comm);
+  return bad;
+}
+#endif
+
+TEST_IMPL(config_netname_ib) {
+  NEED_DOUBLE();
+#ifdef LOOM_VERBS_DOUBLE_PATH
+  return run_ranks(2, netname_rank, NULL);
+#endif
+}

@@ -3,6 +3,8 @@
  * threads (-t) and as processes (loomrun), with checking on, every
  * benchmark once. A benchmark that finds a wrong element exits non-zero.
  */
+#include <glob.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,31 +81,147 @@ TEST_IMPL(tools_loom_info) {
   return 0;
 }
 
-/* The README's parameter table is what the library reads: every row that
- * loom-info --params prints appears in it word for word. */
+/* A text file of the source tree, whole, into buf (NUL-terminated). */
+static void read_source_file(const char *path, char *buf, size_t len) {
+  FILE *f = fopen(path, "r");
+  ASSERT_MSG(f, "cannot open %s", path);
+  size_t n = fread(buf, 1, len, f);
+  fclose(f);
+  ASSERT_MSG(n < len, "%s is larger than the %zu bytes read", path, len - 1);
+  buf[n] = 0;
+}
+
+/* The parameter table of docs/environment.md is what the library reads:
+ * every row that loom-info --params prints appears in it word for word. */
 TEST_IMPL(tools_params_documented) {
   char *argv[] = {LOOM_TOOLS_DIR "/loom-info", "--params", NULL};
   ASSERT(harness_run(argv, out, sizeof out) == 0);
-  FILE *f = fopen(LOOM_README, "r");
-  ASSERT_MSG(f, "cannot open %s", LOOM_README);
-  static char readme[1 << 18];
-  size_t n = fread(readme, 1, sizeof readme - 1, f);
-  fclose(f);
-  readme[n] = 0;
+  static char doc[1 << 18];
+  read_source_file(LOOM_SOURCE_DIR "/docs/environment.md", doc, sizeof doc);
   int rows = 0;
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++)
-    ASSERT_MSG(strstr(readme, line), "README.md lacks the row %s (paste loom-info --params into it)", line);
+    ASSERT_MSG(strstr(doc, line), "docs/environment.md lacks the row %s (paste loom-info --params into it)", line);
   ASSERT(rows >= 20);
+  return 0;
+}
+
+/* GitHub's anchor for a heading's text: lower case, letters, digits, '-'
+ * and '_' kept, blanks made '-', the rest dropped. */
+static void heading_anchor(const char *text, size_t len, char *anchor, size_t cap) {
+  size_t k = 0;
+  for (size_t i = 0; i < len && k + 1 < cap; i++) {
+    unsigned char c = (unsigned char)text[i];
+    if (c >= 'A' && c <= 'Z')
+      anchor[k++] = (char)(c - 'A' + 'a');
+    else if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c >= 0x80)
+      anchor[k++] = (char)c;
+    else if (c == ' ')
+      anchor[k++] = '-';
+  }
+  anchor[k] = 0;
+}
+
+/* Whether the Markdown text has a heading (outside fenced code) whose
+ * anchor is `anchor`. */
+static int has_anchor(const char *text, const char *anchor) {
+  int fenced = 0;
+  for (const char *line = text; *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    if (len >= 3 && strncmp(line, "```", 3) == 0)
+      fenced = !fenced;
+    else if (!fenced && line[0] == '#') {
+      size_t h = strspn(line, "#");
+      if (h < len && line[h] == ' ') {
+        char a[256];
+        heading_anchor(line + h + 1, len - h - 1, a, sizeof a);
+        if (strcmp(a, anchor) == 0)
+          return 1;
+      }
+    }
+    line += len + (end != NULL);
+  }
+  return 0;
+}
+
+/* The README is the front page and docs/ holds the reference: every
+ * relative link in them names a file of the source tree that exists (and
+ * a heading of it that exists), the README links nothing outside the
+ * tree, and the test command it gives is the one CI (.ci/run) runs. */
+TEST_IMPL(docs_links) {
+  char root[PATH_MAX];
+  ASSERT(realpath(LOOM_SOURCE_DIR, root));
+  glob_t pages;
+  ASSERT(glob(LOOM_SOURCE_DIR "/docs/*.md", 0, NULL, &pages) == 0);
+  static char text[1 << 18], target_text[1 << 18];
+  int bad = 0, links = 0;
+  for (size_t p = 0; p <= pages.gl_pathc; p++) {
+    const char *page = p < pages.gl_pathc ? pages.gl_pathv[p] : LOOM_SOURCE_DIR "/README.md";
+    int readme = p == pages.gl_pathc;
+    read_source_file(page, text, sizeof text);
+    if (readme && strstr(text, "://")) {
+      fprintf(stderr, "README.md: a link outside the repository: ...%.60s\n", strstr(text, "://"));
+      bad++;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", page);
+    *strrchr(dir, '/') = 0;
+    for (const char *at = strstr(text, "]("); at; at = strstr(at + 2, "](")) {
+      const char *start = at + 2;
+      size_t len = strcspn(start, ") \n");
+      char link[PATH_MAX];
+      snprintf(link, sizeof link, "%.*s", (int)len, start);
+      if (strstr(link, "://") || strncmp(link, "mailto:", 7) == 0)
+        continue; /* the README has none: checked above */
+      links++;
+      char *hash = strchr(link, '#');
+      const char *anchor = hash ? hash + 1 : NULL;
+      if (hash)
+        *hash = 0;
+      char path[2 * PATH_MAX], real[PATH_MAX];
+      if (link[0] == 0)
+        snprintf(path, sizeof path, "%s", page);
+      else
+        snprintf(path, sizeof path, "%s/%s", dir, link);
+      if (link[0] == '/' || !realpath(path, real) ||
+          strncmp(real, root, strlen(root)) != 0 || (real[strlen(root)] != '/' && real[strlen(root)] != 0)) {
+        fprintf(stderr, "%s: the link (%.*s) names no file of the source tree\n", page, (int)len, start);
+        bad++;
+        continue;
+      }
+      size_t rl = strlen(real);
+      if (anchor && rl > 3 && strcmp(real + rl - 3, ".md") == 0) {
+        read_source_file(real, target_text, sizeof target_text);
+        if (!has_anchor(target_text, anchor)) {
+          fprintf(stderr, "%s: the link (%.*s) names no heading of %s\n", page, (int)len, start, real);
+          bad++;
+        }
+      }
+    }
+  }
+  globfree(&pages);
+  /* .ci/run runs the line after its comment "# The README's test command.",
+   * which the README gives as an indented code line of its own. */
+  read_source_file(LOOM_SOURCE_DIR "/.ci/run", target_text, sizeof target_text);
+  const char *mark = "# The README's test command.\n";
+  char *cmd = strstr(target_text, mark);
+  ASSERT_MSG(cmd, ".ci/run lacks the line %s", mark);
+  cmd += strlen(mark);
+  cmd[strcspn(cmd, "\n")] = 0;
+  char line[1024];
+  snprintf(line, sizeof line, "\n    %s\n", cmd);
+  read_source_file(LOOM_SOURCE_DIR "/README.md", text, sizeof text);
+  ASSERT_MSG(strstr(text, line), "README.md lacks .ci/run's test command: %s", cmd);
+  ASSERT(links >= 20);
+  ASSERT_MSG(bad == 0, "%d broken link(s) in README.md and docs/ (listed above)", bad);
   return 0;
 }
 
 /* perf/compare_host.sh in its quick form, with Loom alone (the peers need
  * packages CI does not install): its parsing and tables keep working. */
 TEST_IMPL(perf_compare_host_quick) {
-  if (access("/usr/bin/python3", X_OK) != 0) {
-    printf("no /usr/bin/python3: the comparison's tables cannot be made here\n");
-    return 0;
-  }
+  if (access("/usr/bin/python3", X_OK) != 0)
+    SKIP("no /usr/bin/python3: the comparison's tables cannot be made here");
   char outdir[] = "/tmp/loom-compare-XXXXXX";
   ASSERT(mkdtemp(outdir));
   char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--peers", "loom", "--no-build",
@@ -118,10 +236,8 @@ TEST_IMPL(perf_compare_host_quick) {
 /* perf/crossover.py on a few small sizes: it runs each forced algorithm
  * and the tuner's choice, and reads back which algorithm ran. */
 TEST_IMPL(perf_crossover_quick) {
-  if (access("/usr/bin/python3", X_OK) != 0) {
-    printf("no /usr/bin/python3: the crossover table cannot be made here\n");
-    return 0;
-  }
+  if (access("/usr/bin/python3", X_OK) != 0)
+    SKIP("no /usr/bin/python3: the crossover table cannot be made here");
   char *argv[] = {"/usr/bin/python3", LOOM_SOURCE_DIR "/perf/crossover.py", "--ranks", "2", "--min", "8", "--max",
                   "64", "--rounds", "1", "--iters", "5", "--warmup", "1", "--build", LOOM_BUILD_DIR, NULL};
   int rc = harness_run(argv, out, sizeof out);

@@ -47,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "exec/dtype.h"
+#include "common/dtype.h"
 #include "harness.h"
 #include "nccl.h"
 #include "test.h"

@@ -21,8 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
-#include "bootstrap_wire.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/bootstrap_wire.h"
 #include "core.h"
 #include "test.h"
 

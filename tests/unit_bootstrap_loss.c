@@ -27,9 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
-#include "bootstrap_conn.h"
-#include "bootstrap_wire.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/bootstrap_conn.h"
+#include "bootstrap/bootstrap_wire.h"
 #include "core.h"
 #include "test.h"
 #include "boot_greeting.h"
@@ -52,7 +52,7 @@ static void *lrank_init(void *p) {
     pthread_barrier_wait(a->start);
   a->r = bootstrap_init(&a->id, a->rank, a->nranks, NULL, &a->b);
   if (a->r == ncclSuccess && a->barrier)
-    a->r = bootstrap_barrier(a->b);
+    a->r = boot_test_barrier(a->b);
   if (a->r != ncclSuccess)
     snprintf(a->err, sizeof a->err, "%s", err_thread_last());
   return NULL;

@@ -4,7 +4,7 @@
 
 #include "core.h"
 #include "test.h"
-#include "transport/net_ib.h"
+#include "transport/net/ib/net_ib.h"
 
 static int sel(const char *spec, const char *dev, int port) {
   struct ib_hca_filter f;

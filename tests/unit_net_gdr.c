@@ -13,8 +13,8 @@
 #include "core.h"
 #include "test.h"
 #include "topology/graph.h"
-#include "transport/net.h"
-#include "transport/net_gdr.h"
+#include "transport/net/net.h"
+#include "transport/net/net_gdr.h"
 
 TEST_IMPL(unit_gdr_level) {
   static const struct {

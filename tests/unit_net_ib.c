@@ -14,9 +14,9 @@
 
 #include "core.h"
 #include "test.h"
-#include "transport/net.h"
-#include "transport/net_gdr.h"
-#include "transport/net_ib.h"
+#include "transport/net/net.h"
+#include "transport/net/net_gdr.h"
+#include "transport/net/ib/net_ib.h"
 
 #if defined(LOOM_VERBS_DOUBLE_PATH) && LOOM_HAVE_IBVERBS_HEADERS
 static const struct net_plugin *p = &net_ib_plugin;

@@ -15,7 +15,7 @@
 #include "core.h"
 #include "misc/socket.h"
 #include "misc/utils.h"
-#include "transport/net.h"
+#include "transport/net/net.h"
 #include "test.h"
 
 static const struct net_plugin *P = &net_socket_plugin;

@@ -1,5 +1,5 @@
 /*
- * The datatype conversions (src/exec/dtype.c) and the reduction loops
+ * The datatype conversions (src/common/dtype.c) and the reduction loops
  * (src/exec/reduce.c), against references written from the formats'
  * definitions with doubles and ldexp, not from the code under test.
  *
@@ -18,7 +18,7 @@ UNIT_TEST(unit_reduce_alias, 30)
 #include <stdint.h>
 #include <string.h>
 
-#include "exec/dtype.h"
+#include "common/dtype.h"
 #include "exec/reduce.h"
 #include "test.h"
 

@@ -113,6 +113,8 @@ void ref_ring(const struct ring_args *a, struct ref_sink *s) {
           q == n - 1 ? STEP_FINAL : 0);
     break;
   }
+  default: /* Send and Recv have no ring schedule */
+    break;
   }
 }
 

@@ -454,10 +454,8 @@ TEST_IMPL(unit_topo_plan_bw) {
  * to compare and discovery reads sysfs alone.) */
 TEST_IMPL(unit_topo_pci_chain) {
   DIR *d = opendir("/sys/bus/pci/devices");
-  if (!d) {
-    printf("no /sys/bus/pci here: nothing to compare\n");
-    return 0;
-  }
+  if (!d)
+    SKIP("no /sys/bus/pci here: nothing to compare");
   int known = 0, total = 0;
   for (struct dirent *e; (e = readdir(d));) {
     if (e->d_name[0] == '.')
@@ -490,5 +488,7 @@ TEST_IMPL(unit_topo_pci_chain) {
 #if LOOM_HAVE_HWLOC
   ASSERT_MSG(total == 0 || known > 0, "hwloc knows none of the %d PCI functions", total);
 #endif
+  if (known == 0)
+    SKIP("no PCI function here that the discovery knows: nothing was compared");
   return 0;
 }

@@ -9,7 +9,7 @@
  */
 #include "core.h"
 #include "algorithms/schedule.h"
-#include "enqueue.h"
+#include "common/coll.h"
 
 #include <string.h>
 

@@ -2,17 +2,10 @@
  * SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "algorithms/schedule.h"
-#include "enqueue.h"
+#include "common/coll.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-static const char *step_names[STEP_KIND_COUNT] = {
-    "send", "recv", "copy-send", "recv-copy-send", "recv-reduce-send", "recv-reduce-copy",
-    "recv-reduce-copy-send", "copy",
-};
-
-const char *step_name(int kind) { return kind >= 0 && kind < STEP_KIND_COUNT ? step_names[kind] : "?"; }
 
 void schedule_clear(struct schedule *s) {
   s->nsteps = 0;
@@ -116,44 +109,6 @@ ncclResult_t schedule_finish(struct schedule *s, ncclResult_t built) {
   return ncclSuccess;
 }
 
-static uint64_t slots_of(uint64_t nelem, uint64_t piece) { return nelem / piece + (nelem % piece != 0); }
-
-void schedule_slots(const struct schedule *s, uint64_t piece, uint64_t *sends, uint64_t *recvs) {
-  for (uint32_t l = 0; l < s->nloops; l++) {
-    const struct sched_loop *lp = &s->loops[l];
-    uint64_t maxc = 0;
-    for (uint32_t t = lp->first; t < lp->first + lp->ntmpl; t++)
-      maxc = LOOM_MAX(maxc, (uint64_t)s->tmpl[t].chunk);
-    /* Iterations that clipping leaves whole come first and are alike;
-     * check_loop saw to it that at most the last one is not. */
-    uint64_t span = (maxc + 1) * lp->chunk, room = lp->end - lp->start, whole = 0;
-    if (room >= span)
-      whole = lp->stride ? LOOM_MIN(lp->count, (room - span) / lp->stride + 1) : lp->count;
-    for (uint32_t t = lp->first; t < lp->first + lp->ntmpl; t++) {
-      const struct step_tmpl *tp = &s->tmpl[t];
-      uint64_t n = whole * slots_of(lp->chunk, piece);
-      if (step_sends(tp->kind))
-        sends[tp->si] += n;
-      if (step_recvs(tp->kind))
-        recvs[tp->ri] += n;
-    }
-    for (uint64_t it = whole; it < lp->count; it++)
-      for (uint32_t t = 0; t < lp->ntmpl; t++) {
-        struct step st;
-        sched_at(s, lp->first_step + it * lp->ntmpl + t, &st);
-        if (step_sends(st.kind))
-          sends[st.si] += slots_of(st.nelem, piece);
-        if (step_recvs(st.kind))
-          recvs[st.ri] += slots_of(st.nelem, piece);
-      }
-  }
-}
-
-void schedule_free(struct schedule *s) {
-  free(s->tmpl);
-  memset(s, 0, sizeof *s);
-}
-
 void schedule_channel_range(size_t total, int c, int nchannels, size_t align, size_t *off, size_t *len) {
   /* Written so that no count the size_t can hold overflows it. */
   size_t per = total / (size_t)nchannels + (total % (size_t)nchannels != 0), o;
@@ -167,7 +122,7 @@ void schedule_channel_range(size_t total, int c, int nchannels, size_t align, si
 
 /* Point to point: the whole message is one step, cut into slots by the
  * executor like any other. */
-ncclResult_t p2p_schedule(int coll, size_t count, struct schedule *out) {
+ncclResult_t p2p_schedule(enum coll_kind coll, size_t count, struct schedule *out) {
   schedule_clear(out); /* keeps the template buffer of an earlier schedule */
   if (count == 0)
     return ncclSuccess;

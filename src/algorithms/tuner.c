@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "algorithms/tuner.h"
-#include "enqueue.h"
+#include "common/coll.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@ static const char *algo_names[ALGO_COUNT] = {"Ring", "Tree", "RecursiveDoubling"
 const char *algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
 
 /* What each collective can run: AllReduce all three, the others rings. */
-static unsigned implemented(int coll) {
+static unsigned implemented(enum coll_kind coll) {
   if (coll == COLL_ALLREDUCE)
     return (1u << ALGO_RING) | (1u << ALGO_TREE) | (1u << ALGO_RD);
   return 1u << ALGO_RING;
@@ -154,7 +154,7 @@ ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in) {
   return tuner_parse_proto(param_str(P_PROTO));
 }
 
-double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t bytes) {
+double tuner_estimate(const struct tune_input *in, enum coll_kind coll, int algo, size_t bytes) {
   int n = in->nranks;
   double B = (double)bytes;
   int net = in->nhosts > 1;
@@ -194,7 +194,7 @@ double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t by
   return INFINITY;
 }
 
-ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est) {
+ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int *algo, int *nchannels, double *est) {
   unsigned mask = t->allowed[coll] & implemented(coll);
   int best = -1;
   double best_t = INFINITY, times[ALGO_COUNT];
@@ -230,7 +230,7 @@ ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int 
   int cls = 0;
   while ((1ull << (cls + 1)) <= bytes && cls < 63)
     cls++;
-  if (coll >= 0 && coll < 8 && !(t->logged[coll] & (1ull << cls))) {
+  if ((int)coll >= 0 && coll < COLL_COUNT && !(t->logged[coll] & (1ull << cls))) {
     t->logged[coll] |= 1ull << cls;
     INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, Simple, %d channel(s); model %.1f us (Ring %.1f, Tree "
          "%.1f, RecursiveDoubling %.1f)",

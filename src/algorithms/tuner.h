@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "common/coll.h"
 
 enum algo { ALGO_RING = 0, ALGO_TREE = 1, ALGO_RD = 2, ALGO_COUNT };
 
@@ -32,8 +33,8 @@ struct tune_input {
 struct tuner {
   struct tune_input in;
   /* Allowed algorithms per collective (bit per enum algo), from NCCL_ALGO. */
-  unsigned allowed[8];
-  uint64_t logged[8]; /* size classes already logged, per collective */
+  unsigned allowed[COLL_COUNT];
+  uint64_t logged[COLL_COUNT]; /* size classes already logged, per collective */
   unsigned fell_back;  /* collectives already logged as run as Ring against NCCL_ALGO */
 };
 
@@ -61,9 +62,9 @@ ncclResult_t tuner_parse_proto(const char *spec);
  * larger of its input and output); est gets the model's estimate in
  * seconds. Where NCCL_ALGO leaves nothing that can run the call, a ring
  * (as NCCL falls back). */
-ncclResult_t tuner_pick(struct tuner *t, int coll, size_t bytes, int *algo, int *nchannels, double *est);
+ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int *algo, int *nchannels, double *est);
 
 /* The model's estimate for one algorithm (infinity where it cannot run). */
-double tuner_estimate(const struct tune_input *in, int coll, int algo, size_t bytes);
+double tuner_estimate(const struct tune_input *in, enum coll_kind coll, int algo, size_t bytes);
 
 #endif

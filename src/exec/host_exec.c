@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "exec/host_exec.h"
 #include "exec/slot.h"
-#include "exec/dtype.h"
 #include "exec/reduce.h"
 #include "transport/transport.h"
 
@@ -234,7 +233,7 @@ static int current_step(const struct work *w, struct step *st, uint64_t *index) 
 static int send_flushed(struct conn *c) {
   if (c->ref_until && atomic_load_explicit(c->fifo.head, memory_order_acquire) < c->ref_until)
     return 0;
-  return c->tr->flushed(c);
+  return transport_flushed(c);
 }
 
 int exec_flushed(const struct work *w) {

@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
-#include "algorithms/schedule.h"
-#include "enqueue.h"
+#include "exec/sched.h"
+#include "common/coll.h"
 
 struct conn;
 

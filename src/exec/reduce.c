@@ -30,7 +30,7 @@
 
 #include <string.h>
 
-#include "exec/dtype.h"
+#include "common/dtype.h"
 
 /* x86-64-v4 is AVX-512 F+BW+DQ+VL: BW lets the 8- and 16-bit loops use
  * 512-bit vectors too (with F alone gcc stays at 256 bits there). Older

@@ -12,24 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum red_kind { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3 };
-
-struct red_op {
-  int dtype;   /* ncclDataType_t */
-  int kind;    /* enum red_kind */
-  /* PreMulSum, and Avg on floating types (scalar 1/nranks in the type):
-   * b is multiplied by the scalar before it is combined. */
-  int premul;
-  union {
-    int64_t i;  /* signed integer types */
-    uint64_t u; /* unsigned integer types */
-    double f;   /* floating types: the scalar's value in its own type */
-  } scalar;
-  /* Avg on integer types: the final result is divided by `divisor`
-   * (C division, truncating toward zero). */
-  int postdiv;
-  int divisor;
-};
+#include "common/red_op.h"
 
 /* dst[i] = a[i] OP b'[i], where b' is b multiplied by the scalar when
  * op->premul; a is a peer's partial result, b this rank's input. When

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
-#include "exec/dtype.h"
+#include "common/dtype.h"
 #include "exec/slot.h"
 
 #include <stdio.h>

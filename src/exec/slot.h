@@ -7,8 +7,8 @@
 #ifndef LOOM_EXEC_SLOT_H
 #define LOOM_EXEC_SLOT_H
 
-#include "enqueue.h"
-#include "transport/slot.h"
+#include "common/coll.h"
+#include "transport/slot_hdr.h"
 
 /* The header of the slots `t` sends (bytes left 0). */
 void slot_mine(const struct task *t, uint64_t seq, int rank, struct slot_hdr *h);

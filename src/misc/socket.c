@@ -402,21 +402,6 @@ int sock_probe(const union sock_addr *addr, uint64_t deadline) {
   return s;
 }
 
-ncclResult_t sock_accept(int listen_fd, uint64_t deadline, int *fd) {
-  for (;;) {
-    if (!wait_fd(listen_fd, POLLIN, deadline))
-      return ncclInProgress;
-    int s = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (s >= 0) {
-      sock_set_nodelay(s);
-      *fd = s;
-      return ncclSuccess;
-    }
-    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED)
-      return err_set(ncclSystemError, "accept failed: %s", strerror(errno));
-  }
-}
-
 ncclResult_t sock_send_all(int fd, const void *buf, size_t len, uint64_t deadline, const char *what) {
   const char *p = buf;
   while (len > 0) {

@@ -10,10 +10,8 @@
 #include <strings.h>
 
 static const char *type_names[TOPO_NTYPES] = {"GPU", "PCI", "NVS", "CPU", "NIC"};
-static const char *path_names[PATH_NTYPES] = {"LOC", "NVL", "NVB", "PIX", "PXB", "PHB", "SYS", "NET", "DIS"};
 
 const char *topo_type_name(int type) { return type >= 0 && type < TOPO_NTYPES ? type_names[type] : "?"; }
-const char *path_type_name(int type) { return type >= 0 && type < PATH_NTYPES ? path_names[type] : "?"; }
 
 ncclResult_t topo_system_new(struct topo_system **out) {
   struct topo_system *s;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "common/path_type.h"
 
 enum topo_type { TOPO_GPU = 0, TOPO_PCI = 1, TOPO_NVS = 2, TOPO_CPU = 3, TOPO_NIC = 4, TOPO_NTYPES = 5 };
 
@@ -22,22 +23,7 @@ enum link_type {
   LINK_SYS = 3, /* between CPUs: the inter-socket interconnect */
 };
 
-/* Path kinds, best first, with NCCL's names. */
-enum path_type {
-  PATH_LOC = 0, /* the same node */
-  PATH_NVL = 1, /* one NVLink hop, or through an NVSwitch */
-  PATH_NVB = 2, /* NVLink through another GPU */
-  PATH_PIX = 3, /* through one PCIe switch */
-  PATH_PXB = 4, /* through several PCIe switches, not the host bridge */
-  PATH_PHB = 5, /* through a CPU's host bridge */
-  PATH_SYS = 6, /* across CPUs (sockets) */
-  PATH_NET = 7, /* through the network (another host) */
-  PATH_DIS = 8, /* no path */
-  PATH_NTYPES = 9,
-};
-
 const char *topo_type_name(int type);
-const char *path_type_name(int type);
 
 #define TOPO_MAX_LINKS 64
 #define TOPO_MAX_NODES 512

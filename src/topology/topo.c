@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
-#include "comm.h"
-#include "bootstrap.h"
+#include "comm/comm.h"
+#include "bootstrap/bootstrap.h"
 #include "topology/discover.h"
 #include "topology/search.h"
 #include "topology/topo.h"
 #include "topology/topo_xml.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 
 #include <pthread.h>
@@ -142,6 +143,17 @@ static void log_channels(const struct ncclComm *comm) {
   }
 }
 
+/* The channel's NIC as plugins name it, for the net transport. */
+static void channel_nic_name(struct channel *ch) {
+  const struct topo_system *t = NULL;
+  ch->nic_name[0] = '\0';
+  ch->nic_port = 0;
+  if (ch->nic < 0 || topo_get_system(&t) != ncclSuccess || ch->nic >= t->n)
+    return;
+  snprintf(ch->nic_name, sizeof ch->nic_name, "%s", t->nodes[ch->nic].name);
+  ch->nic_port = t->nodes[ch->nic].port;
+}
+
 ncclResult_t topo_setup_channels(struct ncclComm *comm) {
   const struct topo_system *t = NULL;
   CHECK(topo_get_system(&t));
@@ -252,6 +264,7 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm) {
     for (int k = 0; k < 3; k++)
       ch->tree_down[k] = chs.tree_down[(c * n + me) * TREE_MAX_CHILDREN + k];
     ch->nic = plans[mine].nic[c];
+    channel_nic_name(ch);
   }
   topo_channels_free(&chs);
   log_channels(comm);
@@ -309,4 +322,37 @@ static void log_host_once(void) {
 void topo_log_host(void) {
   if (log_enabled(LOG_INFO, LOG_INIT))
     pthread_once(&host_logged, log_host_once);
+}
+
+/* The topology node of a plugin's device: by the PCI address its sysfs
+ * path ends in, else by name and port. */
+static int nic_node(const struct topo_system *t, const char *pci_path, const char *name, int port) {
+  const char *slash = strrchr(pci_path, '/');
+  if (slash && slash[1]) {
+    int i = topo_find_busid(t, slash + 1);
+    if (i >= 0 && t->nodes[i].type == TOPO_NIC)
+      return i;
+  }
+  for (int i = 0; i < t->n; i++)
+    if (t->nodes[i].type == TOPO_NIC && strcmp(t->nodes[i].name, name) == 0 &&
+        (t->nodes[i].port <= 0 || t->nodes[i].port == port))
+      return i;
+  return -1;
+}
+
+void topo_gpu_nic_facts(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
+                        int *nvlink) {
+  const struct topo_system *t = NULL;
+  char busid[CUDA_BUSID_BYTES];
+  if (topo_get_system(&t) != ncclSuccess || cuda_bus_id(gpu, busid) != ncclSuccess)
+    return;
+  int g = topo_find_busid(t, busid), n = nic_node(t, nic_pci_path, nic_name, nic_port);
+  if (g < 0 || t->nodes[g].type != TOPO_GPU)
+    return;
+  *nvlink = topo_count(t, TOPO_GPU) <= 1;
+  for (int i = 0; i < t->n; i++)
+    if (i != g && t->nodes[i].type == TOPO_GPU && topo_path(t, g, i)->type <= PATH_NVB)
+      *nvlink = 1;
+  if (n >= 0 && topo_path(t, g, n)->type != PATH_DIS)
+    *distance = topo_path(t, g, n)->type;
 }

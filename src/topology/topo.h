@@ -1,6 +1,8 @@
 /*
- * Topology, as much as host communicators need so far: which ranks share a
- * host, and rings that visit each host's ranks together.
+ * What the rest of Loom asks of the topology: which ranks share a host,
+ * the channels' rings and trees (from the search over this host's graph,
+ * all-gathered), the default channel count, and the GPU-NIC facts the net
+ * transport is handed.
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_TOPO_H
@@ -36,5 +38,10 @@ int topo_default_channels(int gpu);
 
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
+
+/* comm->gpu_nic_facts for the net transport (comm.h says what it
+ * answers), from this host's topology. */
+void topo_gpu_nic_facts(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
+                        int *nvlink);
 
 #endif

@@ -8,7 +8,7 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
@@ -96,7 +96,7 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
 
 static int p2p_flushed(struct conn *c) { return 1; }
 
-static ncclResult_t p2p_check(struct conn *c) { return transport_peer_alive(c->comm, c->peer); }
+static ncclResult_t p2p_check(struct conn *c) { return comm_peer_alive(c->comm, c->peer); }
 
 static void p2p_free(struct conn *c) {
   struct p2p_priv *pp = c->priv;
@@ -110,15 +110,16 @@ static void p2p_free(struct conn *c) {
 }
 
 const struct transport transport_p2p = {
-    .size = sizeof(struct transport),
-    .version = TRANSPORT_VERSION,
     .name = "p2p",
     .can_connect = p2p_can_connect,
     .setup = p2p_setup,
     .connect = p2p_connect,
-    .progress = NULL,
+    .progress = transport_no_progress,
     .flushed = p2p_flushed,
     .check = p2p_check,
-    .poison = NULL,
+    .failed = transport_no_failure,
+    .activity = transport_no_activity,
+    .conn_name = transport_plain_name,
+    .poison = transport_no_poison,
     .free = p2p_free,
 };

@@ -13,7 +13,7 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "misc/cudamem.h"
 #include "misc/place.h"
 #include "misc/utils.h"
@@ -261,7 +261,7 @@ static ncclResult_t shm_fetch(struct conn *c, const struct shm_info *si, int *fd
     int e = shm_seg_ask(name, si->token, expect, &sp->sock_fd, why, sizeof why);
     if (e == EAGAIN)
       return ncclInProgress; /* its backlog is full */
-    if (e != 0 && transport_peer_alive(comm, c->peer) != ncclSuccess)
+    if (e != 0 && comm_peer_alive(comm, c->peer) != ncclSuccess)
       return ncclRemoteError;
     if (e != 0)
       return err_set(ncclSystemError,
@@ -278,7 +278,7 @@ static ncclResult_t shm_fetch(struct conn *c, const struct shm_info *si, int *fd
   if (e == ECANCELED)
     return err_set(ncclRemoteError, "rank %d (%s) failed while this rank asked for its shared memory (its error: %s)",
                    c->peer, comm->peers[c->peer].hostname, why);
-  if (e != 0 && transport_peer_alive(comm, c->peer) != ncclSuccess)
+  if (e != 0 && comm_peer_alive(comm, c->peer) != ncclSuccess)
     return ncclRemoteError;
   if (e != 0)
     return err_set(ncclSystemError, "cannot get rank %d's shared memory: %s; its socket: %s", c->peer, sp->why_pidfd,
@@ -409,34 +409,30 @@ static ncclResult_t shm_check(struct conn *c) {
       return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %s)", c->peer,
                      c->comm->peers[c->peer].hostname, why);
     char note[512];
-    transport_note_exited(c->comm, note, sizeof note);
+    comm_note_exited(c->comm, note, sizeof note);
     return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", c->peer,
                    c->comm->peers[c->peer].hostname, note);
   }
-  return transport_peer_alive(c->comm, c->peer);
+  return comm_peer_alive(c->comm, c->peer);
 }
 
-/* Why this side fails, for a peer that has not mapped the segment yet. */
-static const char *shm_failure(struct conn *c) {
-  return c->comm->async_error != ncclSuccess ? c->comm->first_error : "it was aborted";
-}
-
-static void shm_poison(struct conn *c) {
+static void shm_poison(struct conn *c, const char *why) {
   struct shm_priv *sp = c->priv;
   if (!sp)
     return;
   /* A peer that has not mapped the segment learns it over the socket. */
+  const char *failure = why ? why : "it was aborted";
   pthread_mutex_lock(&sp->lock);
   if (c->dir == CONN_SEND)
-    shm_report(c, shm_failure(c));
+    shm_report(c, failure);
   else if (sp->server.lsock >= 0)
-    shm_seg_refuse(&sp->server, shm_failure(c));
+    shm_seg_refuse(&sp->server, failure);
   pthread_mutex_unlock(&sp->lock);
   struct shm_ctrl *ctrl = sp->map;
   if (!ctrl || atomic_load(&ctrl->failed[c->dir]))
     return;
-  if (c->comm->async_error != ncclSuccess)
-    snprintf(ctrl->why[c->dir], sizeof ctrl->why[c->dir], "%s", c->comm->first_error);
+  if (why)
+    snprintf(ctrl->why[c->dir], sizeof ctrl->why[c->dir], "%s", why);
   atomic_store(&ctrl->failed[c->dir], 1);
 }
 
@@ -456,15 +452,16 @@ static void shm_free(struct conn *c) {
 }
 
 const struct transport transport_shm = {
-    .size = sizeof(struct transport),
-    .version = TRANSPORT_VERSION,
     .name = "shm",
     .can_connect = shm_can_connect,
     .setup = shm_setup,
     .connect = shm_connect,
-    .progress = NULL,
+    .progress = transport_no_progress,
     .flushed = shm_flushed,
     .check = shm_check,
+    .failed = transport_no_failure,
+    .activity = transport_no_activity,
+    .conn_name = transport_plain_name,
     .poison = shm_poison,
     .free = shm_free,
 };

@@ -5,17 +5,15 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "bootstrap.h"
-#include "comm.h"
+#include "bootstrap/bootstrap.h"
+#include "comm/comm.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "transport/transport.h"
 
-#include <poll.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 /* In order of preference. */
 static const struct transport *const transports[] = {&transport_p2p, &transport_shm, &transport_net};
@@ -166,7 +164,7 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
         r = err_set(ncclInvalidUsage, "the communicator was aborted while connecting to rank %d", c->peer);
         goto out;
       }
-      if (w.spins > 4096 && (r = transport_peer_alive(c->comm, c->peer)) != ncclSuccess) {
+      if (w.spins > 4096 && (r = comm_peer_alive(c->comm, c->peer)) != ncclSuccess) {
         err_context("rank %d: connecting to rank %d over %s", c->comm->rank, c->peer, c->tr->name);
         goto out;
       }
@@ -216,7 +214,7 @@ void fifo_wake(_Atomic uint64_t *counter, _Atomic uint32_t *sleepers) {
 void transport_free_conn(struct conn *c) {
   if (!c)
     return;
-  if (c->tr && c->tr->free)
+  if (c->tr)
     c->tr->free(c);
   free(c);
 }
@@ -240,56 +238,30 @@ void transport_each_conn(struct ncclComm *comm, void (*fn)(struct conn *, void *
   }
 }
 
-static void add_activity(struct conn *c, void *sum) { *(uint64_t *)sum += transport_activity(c); }
+static void poison_conn(struct conn *c, void *why) {
+  if (c->tr && c->priv)
+    c->tr->poison(c, why);
+}
+
+void transport_poison_conns(struct ncclComm *comm, const char *why) {
+  transport_each_conn(comm, poison_conn, (void *)why);
+}
+
+static void add_activity(struct conn *c, void *sum) {
+  if (c->tr)
+    *(uint64_t *)sum += transport_activity(c);
+}
+
+/* ---- the stubs for ops a transport does not need ---- */
+
+ncclResult_t transport_no_progress(struct conn *c) { return ncclSuccess; }
+ncclResult_t transport_no_failure(struct conn *c) { return ncclSuccess; }
+uint64_t transport_no_activity(struct conn *c) { return 0; }
+const char *transport_plain_name(const struct conn *c) { return c->tr->name; }
+void transport_no_poison(struct conn *c, const char *why) {}
 
 uint64_t transport_comm_activity(struct ncclComm *comm) {
   uint64_t a = 0;
   transport_each_conn(comm, add_activity, &a);
   return a;
-}
-
-/* Whether rank `peer` of this host has exited (its pidfd is readable);
- * 0 where there is no pidfd (another host, or an old kernel). */
-static int peer_exited_within(const struct ncclComm *comm, int peer, int ms) {
-  if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
-    return 0;
-  struct pollfd p = {.fd = comm->peer_pidfd[peer], .events = POLLIN};
-  return poll(&p, 1, ms) > 0;
-}
-
-static int peer_exited(const struct ncclComm *comm, int peer) { return peer_exited_within(comm, peer, 0); }
-
-ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer) {
-  if (peer_exited(comm, peer))
-    return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
-                   comm->peers[peer].hostname);
-  return ncclSuccess;
-}
-
-void transport_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len) {
-  const struct peer_info *p = &comm->peers[peer];
-  if (comm->peer_pidfd == NULL || comm->peer_pidfd[peer] < 0)
-    snprintf(buf, len, "; rank %d runs on %s, whose processes this rank cannot see", peer, p->hostname);
-  /* A killed process closes its sockets before its exit shows on the
-   * pidfd: it is given a moment (this is a failure's path) before being
-   * called alive. */
-  else if (peer_exited_within(comm, peer, 200))
-    snprintf(buf, len, "; rank %d (pid %d on %s) has exited", peer, p->pid, p->hostname);
-  else
-    snprintf(buf, len, "; rank %d (pid %d on %s) is still running", peer, p->pid, p->hostname);
-}
-
-void transport_note_exited(struct ncclComm *comm, char *buf, size_t len) {
-  size_t used = 0;
-  if (len > 0)
-    buf[0] = '\0';
-  for (int r = 0; r < comm->nranks && used < len; r++) {
-    if (r == comm->rank || !peer_exited(comm, r))
-      continue;
-    int k = snprintf(buf + used, len - used, "; rank %d (pid %d on %s) has exited", r, comm->peers[r].pid,
-                     comm->peers[r].hostname);
-    if (k < 0)
-      break;
-    used += (size_t)k;
-  }
 }

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "nccl.h"
-#include "transport/slot.h"
+#include "transport/slot_hdr.h"
 
 struct ncclComm;
 struct conn;
@@ -58,11 +58,11 @@ static inline char *fifo_data(const struct fifo *f, uint64_t step) {
 
 #define CONN_INFO_BYTES 256
 
-/* A transport's operations, filled with designated initialisers. `size`
- * and `version` come first so the table can grow. */
+/* A transport's operations, filled with designated initialisers. Every
+ * op is there: one a transport does not need is one of the named stubs
+ * below, so that callers (through the inline wrappers) never test for
+ * NULL. The table is Loom's own, so it carries no size or version. */
 struct transport {
-  size_t size;
-  int version;
   const char *name;
   /* Whether this transport can reach `peer` (both sides must agree). */
   int (*can_connect)(struct ncclComm *comm, int peer);
@@ -70,28 +70,40 @@ struct transport {
   ncclResult_t (*setup)(struct conn *c, void *info, size_t *info_len);
   /* Uses the peer's info; returns ncclInProgress until connected. */
   ncclResult_t (*connect)(struct conn *c, const void *peer_info, size_t len);
-  /* Moves posted slots (network transports); NULL where memory does it.
-   * A failure is kept and returned by check, when a wait needs the peer. */
+  /* Moves posted slots (network transports); transport_no_progress where
+   * memory does it. A failure is kept and returned by check, when a wait
+   * needs the peer. */
   ncclResult_t (*progress)(struct conn *c);
   /* Send side: whether every posted slot has left this process. */
   int (*flushed)(struct conn *c);
   /* Called while a wait makes no progress: the error if the peer is gone. */
   ncclResult_t (*check)(struct conn *c);
   /* The failure progress recorded on this connection, if any, without
-   * asking about the peer; NULL where progress cannot fail. Asked of every
-   * connection of a stalled operation, not only the awaited one: a failed
-   * send can leave every rank of a ring waiting on a receive. */
+   * asking about the peer; transport_no_failure where progress cannot
+   * fail. Asked of every connection of a stalled operation, not only the
+   * awaited one: a failed send can leave every rank of a ring waiting on
+   * a receive. */
   ncclResult_t (*failed)(struct conn *c);
   /* A count that grows while bytes move on the connection below the
-   * slot level (a slot of a slow network link is under way); NULL where
-   * slots are the only progress there is (memory). */
+   * slot level (a slot of a slow network link is under way);
+   * transport_no_activity where slots are the only progress there is
+   * (memory). */
   uint64_t (*activity)(struct conn *c);
-  /* Tells the peer that this side failed, so it stops waiting. */
-  void (*poison)(struct conn *c);
+  /* What the connection is called in loomCommPeerTransport: the
+   * transport's name (transport_plain_name), or more ("net/ib"). */
+  const char *(*conn_name)(const struct conn *c);
+  /* Tells the peer that this side failed, so it stops waiting: `why` is
+   * the sentence of the failure, NULL for an abort. */
+  void (*poison)(struct conn *c, const char *why);
   void (*free)(struct conn *c);
 };
 
-#define TRANSPORT_VERSION 1
+/* The stubs for the ops a transport does not need (transport.c). */
+ncclResult_t transport_no_progress(struct conn *c);
+ncclResult_t transport_no_failure(struct conn *c);
+uint64_t transport_no_activity(struct conn *c);
+const char *transport_plain_name(const struct conn *c);
+void transport_no_poison(struct conn *c, const char *why);
 
 struct conn {
   const struct transport *tr;
@@ -137,9 +149,6 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms);
 
 void transport_free_conn(struct conn *c);
 
-/* "net/<plugin>" in lower case, for a connection of the net transport. */
-const char *net_conn_name(const struct conn *c);
-
 /* What this build has, for the banner and loomTransports(). */
 #if LOOM_HAVE_CUDA
 #define TRANSPORTS_P2P_ "p2p "
@@ -156,24 +165,21 @@ const char *net_conn_name(const struct conn *c);
 /* Calls fn on every connection of `comm` (rings, point to point, trees
  * and recursive doubling); fn may free the one it is given. */
 void transport_each_conn(struct ncclComm *comm, void (*fn)(struct conn *, void *), void *arg);
+/* Tells every connection's peer that this side has failed, with the
+ * sentence `why` (NULL: an abort); comm_set_error calls it through
+ * comm->poison_conns. */
+void transport_poison_conns(struct ncclComm *comm, const char *why);
 
 /* The sum of the activity counts of every connection of `comm`: a wait
  * that sees it change is not stalled, though no slot has moved. */
 uint64_t transport_comm_activity(struct ncclComm *comm);
-static inline uint64_t transport_activity(struct conn *c) {
-  return c && c->tr && c->tr->activity ? c->tr->activity(c) : 0;
-}
 
-/* Waiting helpers shared by transports. */
-ncclResult_t transport_peer_alive(struct ncclComm *comm, int peer);
-/* The ranks of this host that have exited, as "; rank 2 (pid 123 on h)
- * has exited" (empty if none), for a peer that gave up on an operation or
- * closed its connection: it did so most likely because one of them died,
- * which it cannot tell this rank itself. */
-void transport_note_exited(struct ncclComm *comm, char *buf, size_t len);
-/* Whether rank `peer` is known to live, as "; rank 1 (pid 123 on h) is
- * still running", "... has exited", or that it is on another host, whose
- * processes this rank cannot see: a broken connection says only that. */
-void transport_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len);
+/* How everything outside a transport calls its ops. */
+static inline ncclResult_t transport_progress(struct conn *c) { return c->tr->progress(c); }
+static inline int transport_flushed(struct conn *c) { return c->tr->flushed(c); }
+static inline ncclResult_t transport_check(struct conn *c) { return c->tr->check(c); }
+static inline ncclResult_t transport_failed(struct conn *c) { return c->tr->failed(c); }
+static inline uint64_t transport_activity(struct conn *c) { return c->tr->activity(c); }
+static inline const char *transport_conn_name(const struct conn *c) { return c->tr->conn_name(c); }
 
 #endif

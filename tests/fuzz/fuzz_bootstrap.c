@@ -15,9 +15,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
-#include "bootstrap_conn.h"
-#include "bootstrap_wire.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/bootstrap_conn.h"
+#include "bootstrap/bootstrap_wire.h"
 
 /* The job's secret and the listener's nonce in the seed corpus
  * (tests/fuzz/corpus/fuzz_bootstrap, made by tests/fuzz/make_bootstrap_seeds.c). */

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/net.h"
-#include "transport/net_socket.h"
+#include "transport/net/net.h"
+#include "transport/net/socket/net_socket.h"
 
 #define FUZZ_ASSERT(c) \
   do {                 \

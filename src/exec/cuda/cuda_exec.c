@@ -14,7 +14,7 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/cuda/dev.h"
 #include "exec/slot.h"
@@ -106,8 +106,7 @@ static void *proxy_main(void *arg) {
     int n = atomic_load_explicit(&cc->nwatch, memory_order_acquire);
     uint64_t before = cc->status->progress;
     for (int i = 0; i < n; i++)
-      if (cc->watch[i]->tr->progress)
-        cc->watch[i]->tr->progress(cc->watch[i]);
+      transport_progress(cc->watch[i]);
     uint64_t now = time_ns();
     if (now >= next_check && !reported) {
       next_check = now + 100000000ull;
@@ -125,7 +124,7 @@ static void *proxy_main(void *arg) {
       int stalled = kernels_running(cc) && cc->status->progress == seen;
       for (int i = 0; i < n && !reported && stalled; i++) {
         struct conn *c = cc->watch[i];
-        ncclResult_t r = c->tr->check ? c->tr->check(c) : ncclSuccess;
+        ncclResult_t r = transport_check(c);
         if (r != ncclSuccess) {
           err_context("rank %d, on the GPU, waiting on rank %d", comm->rank, c->peer);
           fail_kernels(cc, r);

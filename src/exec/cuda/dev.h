@@ -1,6 +1,6 @@
 /*
  * What the CUDA executor hands its kernel: plain structures shared by the
- * host code that builds a launch (launch.c) and the kernel (kernel.cu).
+ * host code that builds a launch (cuda_exec.c) and the kernel (kernel.cu).
  * A launch runs one communicator's group: one thread block per lane, each
  * walking its works' schedule steps in order, one FIFO slot at a time,
  * exactly as the host executor does.
@@ -11,9 +11,9 @@
 
 #include <stdint.h>
 
-#include "algorithms/schedule.h"
+#include "exec/sched.h"
 #include "exec/reduce.h"
-#include "transport/slot.h"
+#include "transport/slot_hdr.h"
 
 #ifdef __cplusplus
 extern "C" {

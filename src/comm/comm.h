@@ -1,0 +1,222 @@
+/*
+ * The communicator: who the ranks are, how to reach them, and what state the
+ * communicator is in; and the primitives every floor above may use on it
+ * (comm.c, comm_peers.c). What only the API floor does with a communicator
+ * is declared in comm_api.h.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core.h"
+#include "comm/comm_slots.h"
+
+struct bootstrap;
+struct conn;
+struct task;
+struct status_rec;
+struct call_desc;
+struct tuner;
+
+#define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
+
+/* What every rank learns about every other rank during init. */
+struct peer_info {
+  int32_t rank;
+  int32_t pid;
+  uint64_t host_hash;
+  char hostname[64];
+  int64_t buffsize;
+  int32_t shm_disabled;
+  int32_t cuda_dev;
+  int32_t nchannels_wanted;
+  int32_t p2p_disabled;
+  char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
+  int32_t numa;   /* the NUMA node the rank runs on */
+  uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
+  int32_t check_calls;  /* LOOM_CHECK_CALLS: every rank must take part alike */
+  int32_t ncpus;        /* CPUs the rank may run on (its affinity) */
+  /* Which process the rank is (util_process_id: pids of two pid
+   * namespaces can be equal) and its pid namespace (0: unknown), where
+   * `pid` means something only to ranks of the same one. */
+  uint64_t proc_id;
+  uint64_t pid_ns;
+};
+
+struct channel {
+  int id;
+  int ring_prev, ring_next;
+  int ring_index;   /* this rank's position in `ring` */
+  int *ring;        /* the ranks in ring order (into comm->topo_rings) */
+  int tree_up;      /* this rank's parent in the channel's tree, -1 at the root */
+  int tree_down[3]; /* its children, -1 where there are fewer */
+  int nic;          /* the host's NIC node the channel uses, -1 if none */
+  /* That NIC as a network plugin names it ("" if none), so that the net
+   * transport finds its device without reading the topology. */
+  char nic_name[32];
+  int nic_port;
+};
+
+/* A PreMulSum operator made by ncclRedOpCreatePreMulSum. */
+struct user_op {
+  int in_use;
+  int dtype;
+  int residence;       /* ncclScalarResidence_t */
+  const void *scalar_ptr; /* ncclScalarDevice: read at each call */
+  double scalar;       /* ncclScalarHostImmediate (ints stored exactly) */
+  int64_t scalar_i;
+};
+
+struct ncclComm {
+  uint64_t magic;
+  int rank, nranks;
+  int cuda_dev;    /* -1: host communicator */
+  int is_host;
+  uint64_t comm_hash;
+  char name[64];
+  int blocking;
+
+  struct bootstrap *boot;
+  struct peer_info *peers;
+  size_t buffsize;
+  int nchannels;
+  struct channel channels[LOOM_MAX_CHANNELS];
+  int *topo_rings; /* every channel's ring, nchannels x nranks */
+  char local_cpus[128]; /* the CPUs near this rank's GPU, for its threads */
+  struct tuner *tuner; /* NCCL_ALGO and the cost model (algorithms/tuner.h) */
+  int nhosts;
+  uint64_t spin_ns; /* how long a host wait spins before yielding (LOOM_SPIN_US) */
+  size_t single_copy_min; /* LOOM_SHM_SINGLE_COPY, 0: off */
+  int single_copy_local;  /* ... and only between ranks of one process */
+  /* The slowest chain link and the smallest NIC total of any rank's host
+   * (GB/s, 0: none), for the tuner. */
+  double topo_chain_gbs, topo_nic_gbs;
+  int coll_conns; /* the connections of every collective algorithm exist */
+  /* Connections, created on first use: [channel][peer] for rings would be
+   * wasteful, so rings keep theirs per channel and p2p per peer. */
+  struct conn *ring_send[LOOM_MAX_CHANNELS], *ring_recv[LOOM_MAX_CHANNELS];
+  struct conn **p2p_send, **p2p_recv;
+  struct conn *extra_conns; /* other kinds, looked up by kind, channel, peer, direction */
+  struct conn *pending; /* created, not yet connected */
+  int *peer_pidfd;      /* same-host peers' pidfds, -1 elsewhere */
+
+  struct user_op *user_ops;
+  int n_user_ops;
+
+  /* The CUDA executor's state (streams, device status, proxy thread);
+   * NULL on host communicators. */
+  struct cuda_comm *cuda;
+
+  /* What the net transport asks of the topology, which sits above it
+   * (set by init; NULL: nothing known): for CUDA device `gpu` and the NIC
+   * a plugin device is (its sysfs PCI path, name and port), the type of
+   * path between them (-1 where there is none) and whether the GPU has
+   * an NVLink to another GPU or is the host's only one. Each is left as
+   * it was where the topology does not know. */
+  void (*gpu_nic_facts)(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
+                        int *nvlink);
+  /* What a failure does to the connections besides (comm_set_error):
+   * set by init, which made them; NULL before it has. */
+  void (*poison_conns)(struct ncclComm *comm, const char *why);
+  /* Set by ncclCommAbort or by a failure; every wait polls it. */
+  volatile int abort_flag;
+  /* 1 while a thread is inside a call on this communicator (NCCL allows
+   * one at a time): ncclCommAbort from another thread waits for it to see
+   * abort_flag and leave before it frees anything. */
+  _Atomic int in_call;
+  const char *_Atomic in_call_func; /* which call, for a second thread's refusal */
+  /* Nonblocking communicators: 1 while a job (init or launch) involving it
+   * runs on a worker (async.c), whose thread this is, if started. */
+  _Atomic int async_busy;
+  struct async_worker *worker;
+  ncclResult_t async_error;
+  char last_error[LOOM_ERR_LEN];
+  /* The sentence of the failure that broke the communicator, written
+   * once: every later call quotes it, so it never drowns in their
+   * prefixes however many follow. */
+  char first_error[LOOM_ERR_LEN];
+  int finalized;
+  uint64_t coll_seq; /* collectives started, for diagnostics */
+  uint64_t shrink_seq; /* ncclCommShrink calls, which number their bootstrap messages */
+  /* LOOM_CHECK_CALLS, agreed by all ranks at init (host communicators
+   * only): its all-gathers' own numbers, its buffers (this rank's
+   * description, then every rank's), and whether the last launch was
+   * refused by it, which leaves the communicator usable. */
+  int check_calls;
+  uint64_t check_seq;
+  struct call_desc *check_buf;
+  int call_checked; /* the call now being launched has passed the check */
+  int call_refused;
+  struct status_rec *status; /* this communicator's line in the status page, NULL if none */
+
+  /* Group bookkeeping (owned by the thread in the group). */
+  struct task *tasks_head, *tasks_tail;
+  /* Reused from call to call so that a small collective allocates
+   * nothing: the lanes of a launch, finished works (with their schedule
+   * buffers), and the task of a call made outside a group. */
+  struct lane *lanes;
+  struct work *free_works;
+  struct task *task_inline; /* allocated on first use */
+  int task_inline_used;
+  struct ncclComm *group_next;
+  int in_group;
+  const void *group_owner; /* a token of the thread whose open group holds it */
+};
+
+/* ---- the primitives (comm.c) ---- */
+
+/* Validates a communicator argument; records the sentence on failure. */
+ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
+/* The refusal of a pointer that is no live communicator, for `func`. */
+ncclResult_t comm_not_a_comm(const char *func);
+
+/* Marks the communicator broken after a failure that leaves its
+ * connections in an unknown state, and tells the peers (poison_conns). */
+void comm_set_error(struct ncclComm *comm, ncclResult_t res);
+
+/* Whether `comm` is a communicator that is not yet destroyed; any pointer
+ * may be asked (comm_slots.h). */
+static inline int comm_live(const struct ncclComm *comm) {
+  return comm != NULL && comm_slot_live(comm) && comm->magic == COMM_MAGIC;
+}
+
+/* Brackets a call, one thread at a time (as NCCL allows), and against
+ * ncclCommAbort from another thread. Enter fails, with the sentence and
+ * without entering, if another thread is inside a call on the
+ * communicator or an abort has begun; only a caller that entered may
+ * leave, and leaving must be its last touch of the communicator. Enter
+ * refuses a pointer that is not a communicator, but lets NULL through for
+ * the call's own check to name; leave ignores both. */
+ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
+void comm_leave(struct ncclComm *comm);
+
+/* Whether ncclCommAbort (or a failure) has raised abort_flag; waits on
+ * any thread read it through this, since another thread writes it. */
+static inline int comm_aborted(const struct ncclComm *comm) {
+  return __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
+}
+
+/* Whether a nonblocking communicator's job is running on its worker
+ * (async.c), during which the communicator takes no other call. */
+static inline int comm_async_busy(const struct ncclComm *comm) {
+  return atomic_load_explicit(&comm->async_busy, memory_order_acquire);
+}
+
+/* ---- whether peers live (comm_peers.c) ---- */
+
+/* Fails with "rank 2 (pid 123 on h) has exited" if it has. */
+ncclResult_t comm_peer_alive(struct ncclComm *comm, int peer);
+/* The ranks of this host that have exited, as "; rank 2 (pid 123 on h)
+ * has exited" (empty if none), for a peer that gave up on an operation or
+ * closed its connection: it did so most likely because one of them died,
+ * which it cannot tell this rank itself. */
+void comm_note_exited(struct ncclComm *comm, char *buf, size_t len);
+/* Whether rank `peer` is known to live, as "; rank 1 (pid 123 on h) is
+ * still running", "... has exited", or that it is on another host, whose
+ * processes this rank cannot see: a broken connection says only that. */
+void comm_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * The communicator as the API floor handles it: creation (init.c), the
+ * end of its life (comm_api.c), the works enqueue.c keeps for reuse, and
+ * the API's exit. Only files of the API floor include this; comm.h is
+ * what every floor reads.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_COMM_API_H
+#define LOOM_COMM_API_H
+
+#include "comm/comm.h"
+
+/* Creation (init.c): a communicator struct with no rank yet; a config
+ * read as far as its `size` covers (NULL: the defaults); and the whole of
+ * a rank's init into such a struct. */
+ncclResult_t comm_alloc(struct ncclComm **out);
+ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out);
+ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
+                       const ncclConfig_t *config);
+
+/* Frees everything the communicator holds, whatever state it is in. */
+void comm_destroy_all(struct ncclComm *comm);
+/* Releases the works a communicator keeps for reuse (enqueue.c). */
+void comm_free_works(struct ncclComm *comm);
+
+/* The API layer's exit: on failure copy this thread's sentence into the
+ * communicator (and the process-wide last error), and log it once. */
+ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res);
+
+#endif

@@ -1,0 +1,36 @@
+/* The names of the collectives and the sentence fragment for a call
+ * (common/coll.h). SPDX-License-Identifier: Apache-2.0 */
+#include "common/coll.h"
+#include "common/dtype.h"
+
+#include <stdio.h>
+
+static const char *coll_names[COLL_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                                             "AllReduce", "Send",   "Recv"};
+
+const char *coll_name(enum coll_kind coll) {
+  return (int)coll >= 0 && coll < COLL_COUNT ? coll_names[coll] : "?";
+}
+
+void task_describe(const struct task *t, char *buf, size_t len) {
+  static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
+  const char *op = t->op >= 0 && t->op < ncclNumOps ? ops[t->op] : "premulsum";
+  switch (t->coll) {
+  case COLL_SEND:
+  case COLL_RECV:
+    snprintf(buf, len, "%s(count %zu, %s, %s rank %d)", coll_name(t->coll), t->count, dtype_name(t->dtype),
+             t->coll == COLL_SEND ? "to" : "from", t->peer);
+    break;
+  case COLL_BROADCAST:
+    snprintf(buf, len, "Broadcast(count %zu, %s, root %d)", t->count, dtype_name(t->dtype), t->root);
+    break;
+  case COLL_REDUCE:
+    snprintf(buf, len, "Reduce(count %zu, %s, %s, root %d)", t->count, dtype_name(t->dtype), op, t->root);
+    break;
+  case COLL_ALLGATHER:
+    snprintf(buf, len, "AllGather(count %zu, %s)", t->count, dtype_name(t->dtype));
+    break;
+  default:
+    snprintf(buf, len, "%s(count %zu, %s, %s)", coll_name(t->coll), t->count, dtype_name(t->dtype), op);
+  }
+}
