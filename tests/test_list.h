@@ -55,6 +55,8 @@ UNIT_TEST(unit_shm_seg_failure_records, 30)
 UNIT_TEST(unit_shm_seg_sweep_grace, 30)
 UNIT_TEST(unit_process_id, 30)
 UNIT_TEST(unit_transport_tables, 30)
+UNIT_TEST(unit_transport_ext_table, 30)
+UNIT_TEST(unit_comm_hooks, 30)
 
 TEST(smoke_allreduce_2, 60)
 TEST(huge_count_host_1, 60)

@@ -148,6 +148,40 @@ static int has_anchor(const char *text, const char *anchor) {
  * relative link in them names a file of the source tree that exists (and
  * a heading of it that exists), the README links nothing outside the
  * tree, and the test command it gives is the one CI (.ci/run) runs. */
+/* Paths of the tree named in code spans (`src/transport/net/`,
+ * `tests/unit_*.c`): each must name what exists (a glob, at least one
+ * thing). Counts the bad ones, each said on stderr. */
+static int bad_code_paths(const char *page, const char *text) {
+  static const char *const tops[] = {"src/", "tests/", "tools/", "perf/", ".ci/", "docs/", "include/",
+                                     "bindings/", "examples/", "cmake/"};
+  int bad = 0;
+  for (const char *at = strchr(text, '`'); at; at = strchr(at + 1, '`')) {
+    const char *start = at + 1, *end = strchr(start, '`');
+    if (!end)
+      break;
+    size_t len = (size_t)(end - start);
+    int top = 0;
+    for (size_t i = 0; i < sizeof tops / sizeof tops[0] && !top; i++)
+      top = strncmp(start, tops[i], strlen(tops[i])) == 0;
+    if (top && len < 200 && !memchr(start, ' ', len) && !memchr(start, '\n', len)) {
+      char rel[256], path[PATH_MAX];
+      snprintf(rel, sizeof rel, "%.*s", (int)len, start);
+      rel[strcspn(rel, ":")] = '\0'; /* file:line */
+      snprintf(path, sizeof path, "%s/%s", LOOM_SOURCE_DIR, rel);
+      glob_t g;
+      int found = glob(path, GLOB_BRACE | GLOB_NOSORT, NULL, &g) == 0 && g.gl_pathc > 0;
+      if (found)
+        globfree(&g);
+      else {
+        fprintf(stderr, "%s: `%s` names nothing in the source tree\n", page, rel);
+        bad++;
+      }
+    }
+    at = end;
+  }
+  return bad;
+}
+
 TEST_IMPL(docs_links) {
   char root[PATH_MAX];
   ASSERT(realpath(LOOM_SOURCE_DIR, root));
@@ -159,6 +193,7 @@ TEST_IMPL(docs_links) {
     const char *page = p < pages.gl_pathc ? pages.gl_pathv[p] : LOOM_SOURCE_DIR "/README.md";
     int readme = p == pages.gl_pathc;
     read_source_file(page, text, sizeof text);
+    bad += bad_code_paths(page, text);
     if (readme && strstr(text, "://")) {
       fprintf(stderr, "README.md: a link outside the repository: ...%.60s\n", strstr(text, "://"));
       bad++;
@@ -200,6 +235,12 @@ TEST_IMPL(docs_links) {
     }
   }
   globfree(&pages);
+  static const char *const others[] = {LOOM_SOURCE_DIR "/perf/README.md", LOOM_SOURCE_DIR "/examples/README.md",
+                                       LOOM_SOURCE_DIR "/tests/verbs_double/README.md"};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    read_source_file(others[i], text, sizeof text);
+    bad += bad_code_paths(others[i], text);
+  }
   /* .ci/run runs the line after its comment "# The README's test command.",
    * which the README gives as an indented code line of its own. */
   read_source_file(LOOM_SOURCE_DIR "/.ci/run", target_text, sizeof target_text);
@@ -213,7 +254,7 @@ TEST_IMPL(docs_links) {
   read_source_file(LOOM_SOURCE_DIR "/README.md", text, sizeof text);
   ASSERT_MSG(strstr(text, line), "README.md lacks .ci/run's test command: %s", cmd);
   ASSERT(links >= 20);
-  ASSERT_MSG(bad == 0, "%d broken link(s) in README.md and docs/ (listed above)", bad);
+  ASSERT_MSG(bad == 0, "%d broken link(s) or path(s) in the README files and docs/ (listed above)", bad);
   return 0;
 }
 

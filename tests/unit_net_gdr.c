@@ -1,5 +1,5 @@
 /*
- * GPUDirect RDMA decisions (src/transport/net_gdr.c) without a GPU:
+ * GPUDirect RDMA decisions (src/transport/net/net_gdr.c) without a GPU:
  * NCCL_NET_GDR_LEVEL's values, the decision on every input it depends on
  * (plugin, GPU, driver, distance, NCCL_NET_GDR_READ, flushes) with the
  * sentence it logs, and where nvidia-peermem is looked for.

@@ -7,7 +7,7 @@
  *                                   like this one (or like FILE)
  *   loom-info --dump FILE           writes the topology as XML
  *   loom-info --params              the parameter table as Markdown rows,
- *                                   which the README carries verbatim
+ *                                   which docs/environment.md carries verbatim
  *   loom-info --status [PID...]     what each communicator of the Loom
  *                                   processes on this host is doing, and
  *                                   which rank the waiting ones wait on

@@ -215,7 +215,7 @@ ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int 
     best = ALGO_RING;
     best_t = tuner_estimate(&t->in, coll, ALGO_RING, bytes);
     times[ALGO_RING] = best_t;
-    if (coll >= 0 && coll < 8 && !(t->fell_back & (1u << coll))) {
+    if ((int)coll >= 0 && coll < COLL_COUNT && !(t->fell_back & (1u << coll))) {
       t->fell_back |= 1u << coll;
       INFO(LOG_TUNING, "NCCL_ALGO=%s leaves %s of %zu bytes no algorithm Loom has for it (%s); it runs as Ring",
            param_str(P_ALGO), coll_name(coll), bytes,

@@ -111,7 +111,7 @@ struct ncclComm {
   struct cuda_comm *cuda;
 
   /* What the net transport asks of the topology, which sits above it
-   * (set by init; NULL: nothing known): for CUDA device `gpu` and the NIC
+   * (set by comm_alloc in init.c): for CUDA device `gpu` and the NIC
    * a plugin device is (its sysfs PCI path, name and port), the type of
    * path between them (-1 where there is none) and whether the GPU has
    * an NVLink to another GPU or is the host's only one. Each is left as
@@ -119,7 +119,7 @@ struct ncclComm {
   void (*gpu_nic_facts)(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
                         int *nvlink);
   /* What a failure does to the connections besides (comm_set_error):
-   * set by init, which made them; NULL before it has. */
+   * set by comm_alloc (init.c), on the floor that makes them. */
   void (*poison_conns)(struct ncclComm *comm, const char *why);
   /* Set by ncclCommAbort or by a failure; every wait polls it. */
   volatile int abort_flag;

@@ -48,7 +48,7 @@ ncclResult_t cuda_ipc_get(void *ptr, void *handle);
 ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what);
 void cuda_ipc_close(void *ptr);
 
-/* GPUDirect RDMA (src/transport/net_gdr.c). Whether the device lets a NIC
+/* GPUDirect RDMA (src/transport/net/net_gdr.c). Whether the device lets a NIC
  * reach its memory at all (cudaDevAttrGPUDirectRDMASupported). */
 int cuda_gdr_supported(int dev);
 /* Compute capability x 10 (90 for sm_90), 0 where unknown. */

@@ -2,7 +2,7 @@
  * Errors: the place that detects a failure records one sentence for the
  * user with err_set; callers propagate the code with CHECK; the API layer
  * copies the sentence into the communicator's last-error buffer and logs it
- * once (api_finish in comm.h).
+ * once (api_finish in comm_api.h).
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_ERRORS_H

@@ -76,7 +76,6 @@ ncclResult_t sock_listen(const union sock_addr *bind_addr, int *fd, union sock_a
 ncclResult_t sock_connect(const union sock_addr *addr, uint64_t deadline, int retry_refused,
                           const char *what, int *fd);
 
-
 /* Whether anything listens at `addr`: a connected socket (>= 0), or
  * -ECONNREFUSED when nothing does, or another -errno when it cannot tell
  * by `deadline` (an unreachable or silent host). */

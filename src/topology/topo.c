@@ -138,8 +138,11 @@ static void log_channels(const struct ncclComm *comm) {
     size_t o = 0;
     for (int i = 0; i < comm->nranks && o < sizeof line - 16; i++)
       o += snprintf(line + o, sizeof line - o, "%s%d", i ? " " : "", ch->ring[i]);
-    INFO(LOG_GRAPH, "channel %02d: ring %s; tree up %d down %d/%d/%d", c, line, ch->tree_up, ch->tree_down[0],
-         ch->tree_down[1], ch->tree_down[2]);
+    char nic[64] = "";
+    if (ch->nic_name[0])
+      snprintf(nic, sizeof nic, "; NIC %s port %d", ch->nic_name, ch->nic_port);
+    INFO(LOG_GRAPH, "channel %02d: ring %s; tree up %d down %d/%d/%d%s", c, line, ch->tree_up, ch->tree_down[0],
+         ch->tree_down[1], ch->tree_down[2], nic);
   }
 }
 

@@ -39,7 +39,7 @@ int topo_default_channels(int gpu);
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
 
-/* comm->gpu_nic_facts for the net transport (comm.h says what it
+/* comm->gpu_nic_facts for the net transport (comm/comm.h says what it
  * answers), from this host's topology. */
 void topo_gpu_nic_facts(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
                         int *nvlink);

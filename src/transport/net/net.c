@@ -94,6 +94,15 @@ static pthread_once_t plugin_once = PTHREAD_ONCE_INIT;
 static const struct net_plugin *const builtin[] = {&net_ib_plugin, &net_socket_plugin};
 #define NBUILTIN (sizeof builtin / sizeof builtin[0])
 
+/* "Ext, IB, Socket": the external plugin's name, if one loaded, then the
+ * built-in ones. */
+static const char *plugin_names(const struct net_plugin *ext, char *buf, size_t len) {
+  size_t o = (size_t)snprintf(buf, len, "%s", ext ? ext->name : "");
+  for (size_t i = 0; i < NBUILTIN && o < len; i++)
+    o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", builtin[i]->name);
+  return buf;
+}
+
 /* A plugin asked for by name is loaded at init, so that a wrong name or a
  * plugin without devices fails there, naming NCCL_NET. */
 ncclResult_t net_check_name(const char *want) {
@@ -132,8 +141,9 @@ ncclResult_t net_config_name(const char *name) {
                    "config.netName \"%s\": this process uses NET/%s, and all its communicators share one network "
                    "plugin; NCCL_NET=%s chooses that one for the process",
                    name, p->name, name);
-  return err_set(ncclInvalidArgument, "config.netName \"%s\" names no network plugin; there are: %s%s%s", name,
-                 plugin_ext ? plugin_ext->name : "", plugin_ext ? ", " : "", "IB, Socket");
+  char names[128];
+  return err_set(ncclInvalidArgument, "config.netName \"%s\" names no network plugin; there are: %s", name,
+                 plugin_names(plugin_ext, names, sizeof names));
 }
 
 /* Initialises `p` and counts its devices; the reason it cannot serve, if
@@ -183,8 +193,9 @@ static void plugin_load(void) {
       if (strcasecmp(want, cand[i]->name) == 0)
         found = cand[i];
     if (!found) {
-      plugin_status = err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; there are: %s%s%s", want,
-                              ext ? ext->name : "", ext ? ", " : "", "IB, Socket");
+      char names[128];
+      plugin_status = err_set(ncclInvalidArgument, "NCCL_NET=%s names no network plugin; there are: %s", want,
+                              plugin_names(ext, names, sizeof names));
     } else if ((plugin_status = plugin_usable(found)) != ncclSuccess) {
       snprintf(why, sizeof why, "%s", err_thread_last());
       plugin_status = err_set(plugin_status == ncclInvalidArgument ? ncclInvalidArgument : ncclSystemError,

@@ -89,7 +89,7 @@ ncclResult_t net_config_name(const char *name);
  * (NCCL_NET_PLUGIN), IB, Socket. */
 ncclResult_t net_get_plugin(const struct net_plugin **out);
 
-/* An external plugin (src/transport/net_ext.c): loads the library that
+/* An external plugin (src/transport/net/ext/net_ext.c): loads the library that
  * NCCL_NET_PLUGIN names (`spec`) and adapts NCCL's versioned ncclNet_vN
  * table to a net_plugin. An error says why it cannot be used; the caller
  * warns and goes on with the built-in plugins. */

@@ -274,8 +274,6 @@ static ncclResult_t ext_iflush(void *recv_comm, void *data, size_t size, void *m
   struct ext_comm *c = recv_comm;
   CHECK(ext_connected(c, "iflush"));
   *request = NULL;
-  if (ext_ops.iflush == NULL)
-    return ncclSuccess;
   void *bufs[1] = {data};
   int sizes[1] = {size > INT_MAX ? INT_MAX : (int)size};
   void *mhandles[1] = {mhandle};
@@ -445,7 +443,7 @@ ncclResult_t net_ext_load(const char *spec, const struct net_plugin **out) {
       .isend = ext_isend,
       .irecv = ext_irecv,
       .test = ext_test,
-      .iflush = ext_iflush,
+      .iflush = ext_ops.iflush ? ext_iflush : net_no_iflush,
       .activity = net_no_activity,
       .close_send = ext_close_send,
       .close_recv = ext_close_recv,

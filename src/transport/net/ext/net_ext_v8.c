@@ -5,6 +5,7 @@
  * hands it to v9's adapter, which holds what the two share.
  * SPDX-License-Identifier: Apache-2.0
  */
+#include "core.h"
 #include "transport/net/ext/net_ext_adapt.h"
 
 #include <string.h>
@@ -34,7 +35,8 @@ static ncclResult_t ext_v8_irecv(void *recv_comm, int n, void **data, size_t *si
                                  void **request) {
   int isizes[NET_EXT_MAX_RECVS];
   if (n < 1 || n > NET_EXT_MAX_RECVS)
-    return ncclInternalError;
+    return err_set(ncclInternalError, "Loom asked a ncclNetPlugin_v8 for %d receives at once (at most %d)", n,
+                   NET_EXT_MAX_RECVS);
   for (int i = 0; i < n; i++)
     isizes[i] = (int)sizes[i];
   return ext_v8->irecv(recv_comm, n, data, isizes, tags, mhandles, request);

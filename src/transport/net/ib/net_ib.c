@@ -439,9 +439,40 @@ static ncclResult_t ib_no_devices(int *ndev) {
   return ib_unavailable();
 }
 
+/* A plugin whose init fails is never chosen, so these are not reached;
+ * they are here so that the table, like every other, has all its ops. */
+static ncclResult_t ib_no_properties(int dev, struct net_props *props) { return ib_unavailable(); }
+static ncclResult_t ib_no_listen(int dev, void *handle, void **listen_comm) { return ib_unavailable(); }
+static ncclResult_t ib_no_connect(int dev, const void *handle, void **send_comm) { return ib_unavailable(); }
+static ncclResult_t ib_no_accept(void *listen_comm, void **recv_comm) { return ib_unavailable(); }
+static ncclResult_t ib_no_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+  return ib_unavailable();
+}
+static ncclResult_t ib_no_dereg_mr(void *comm, void *mhandle) { return ib_unavailable(); }
+static ncclResult_t ib_no_post(void *comm, void *data, size_t size, void *mhandle, void **request) {
+  return ib_unavailable();
+}
+static ncclResult_t ib_no_test(void *request, int *done, size_t *size) { return ib_unavailable(); }
+static ncclResult_t ib_no_close(void *comm) { return ib_unavailable(); }
+
 const struct net_plugin net_ib_plugin = {
     .name = "IB",
     .init = ib_unavailable,
     .devices = ib_no_devices,
+    .get_properties = ib_no_properties,
+    .listen = ib_no_listen,
+    .connect = ib_no_connect,
+    .accept = ib_no_accept,
+    .reg_mr = ib_no_reg_mr,
+    .reg_mr_dmabuf = net_no_reg_mr_dmabuf,
+    .dereg_mr = ib_no_dereg_mr,
+    .isend = ib_no_post,
+    .irecv = ib_no_post,
+    .test = ib_no_test,
+    .iflush = net_no_iflush,
+    .activity = net_no_activity,
+    .close_send = ib_no_close,
+    .close_recv = ib_no_close,
+    .close_listen = ib_no_close,
 };
 #endif
