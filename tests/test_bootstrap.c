@@ -30,6 +30,7 @@
 
 #include "harness.h"
 #include "loom.h"
+#include "sock_wait.h"
 #include "test.h"
 
 /* A rank process and the two pipes that drive it: the test writes the
@@ -270,30 +271,6 @@ static int bt_connect(const char *addr) {
   return fd;
 }
 
-/* Reads and discards until the peer closes; returns the seconds that took,
- * or -1 when it still had not closed after `limit` seconds. */
-static double bt_wait_closed(int fd, double limit) {
-  double t0 = now_s();
-  char buf[1024];
-  for (;;) {
-    double left = limit - (now_s() - t0);
-    if (left <= 0)
-      return -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    int n = poll(&p, 1, (int)(left * 1000) + 1);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n == 0)
-      continue;
-    ssize_t got = recv(fd, buf, sizeof buf, 0);
-    if (got > 0)
-      continue;
-    if (got < 0 && errno == EINTR)
-      continue;
-    return now_s() - t0; /* EOF or a reset */
-  }
-}
-
 static void send_quiet(int fd, const void *buf, size_t len) {
   /* The peer may reset the connection halfway: that is its right. */
   const char *p = buf;
@@ -357,7 +334,7 @@ static void send_garbage(const char *addr, enum garbage g, const char magic[8], 
     break;
   }
   if (wait) {
-    double t = bt_wait_closed(fd, 10.0);
+    double t = sock_wait_closed(fd, 10.0);
     ASSERT_MSG(t >= 0, "%s kept a connection that sent %s open for 10 s", addr, garbage_name[g]);
   }
   close(fd);
@@ -452,7 +429,7 @@ TEST_IMPL(bootstrap_garbage_root) {
   int silent = bt_connect(root);
   for (int g = 0; g < G_COUNT; g++)
     send_garbage(root, (enum garbage)g, "LOOMCH2", 1);
-  double dropped = bt_wait_closed(silent, 10.0);
+  double dropped = sock_wait_closed(silent, 10.0);
   ASSERT_MSG(dropped >= 0, "the root kept a silent connection open for 10 s");
   double held = now_s() - t0;
   close(silent);

@@ -31,6 +31,7 @@
 #include "bootstrap/bootstrap_wire.h"
 #include "harness.h"
 #include "loom.h"
+#include "sock_wait.h"
 #include "test.h"
 
 int bt_allreduce_check(ncclComm_t comm, int rank, int nranks, char *why, size_t len); /* test_bootstrap.c */
@@ -178,24 +179,6 @@ static int connect_retry(int port, double limit) {
   }
 }
 
-/* Reads until the peer closes; the seconds that took, or -1 after `limit`. */
-static double wait_closed(int fd, double limit) {
-  double t0 = now_s();
-  char buf[4096];
-  for (;;) {
-    double left = limit - (now_s() - t0);
-    if (left <= 0)
-      return -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
-      continue;
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n > 0 || (n < 0 && errno == EINTR))
-      continue;
-    return now_s() - t0;
-  }
-}
-
 static char *slurp(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f)
@@ -279,7 +262,7 @@ TEST_IMPL(bootstrap_auth_stranger) {
   memset(&guess, 0x5a, sizeof guess);
   memcpy(guess.magic, proof_magic, sizeof guess.magic);
   ASSERT(send(fd, &guess, sizeof guess, MSG_NOSIGNAL) == (ssize_t)sizeof guess);
-  double t = wait_closed(fd, 10);
+  double t = sock_wait_closed(fd, 10);
   ASSERT_MSG(t >= 0, "the root kept a connection that failed to prove the secret open for 10 s");
   close(fd);
 
@@ -478,7 +461,7 @@ TEST_IMPL(bootstrap_auth_replay) {
   ak_start(&k0, &o0);
   int fd = connect_retry(port, 20);
   ASSERT(send(fd, rc.rec, rc.len, MSG_NOSIGNAL) == (ssize_t)rc.len);
-  double t = wait_closed(fd, 10);
+  double t = sock_wait_closed(fd, 10);
   close(fd);
   ASSERT_MSG(t >= 0, "the root kept a replayed greeting's connection open for 10 s");
   ak_start(&k1, &o1);

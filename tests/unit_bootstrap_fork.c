@@ -24,6 +24,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/bootstrap_wire.h"
 #include "core.h"
+#include "sock_wait.h"
 #include "test.h"
 
 static const uint8_t key[BOOT_KEY] = {7, 7, 7, 1};
@@ -159,24 +160,6 @@ TEST_IMPL(bootstrap_fork_crypto) {
   return 0;
 }
 
-/* Reads until the peer closes; the seconds that took, or -1 after `limit`. */
-static double wait_closed(int fd, double limit) {
-  double t0 = now_s();
-  char buf[256];
-  for (;;) {
-    double left = limit - (now_s() - t0);
-    if (left <= 0)
-      return -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
-      continue;
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n > 0 || (n < 0 && errno == EINTR))
-      continue;
-    return now_s() - t0;
-  }
-}
-
 static int read_full(int fd, void *p, size_t len) {
   size_t got = 0;
   while (got < len) {
@@ -207,7 +190,7 @@ static void stalled_greeter(const union sock_addr *root, int out) {
     if (send(s, &chal, sizeof chal, MSG_NOSIGNAL) == (ssize_t)sizeof chal && read_full(s, &ans, sizeof ans) == 0) {
       char ready = 'a';
       if (write(out, &ready, 1) == 1)
-        secs = wait_closed(s, 10);
+        secs = sock_wait_closed(s, 10);
     }
   }
   if (write(out, &secs, sizeof secs) != (ssize_t)sizeof secs)

@@ -20,15 +20,18 @@
 #define OPS(X) \
   X(can_connect) X(setup) X(connect) X(progress) X(flushed) X(check) X(failed) X(activity) X(conn_name) X(poison) X(free)
 
+/* 1 (and a line saying so) where a table's op is NULL. */
+static int absent(const void *fn, const char *kind, const char *name, const char *op) {
+  if (fn == NULL)
+    fprintf(stderr, "%s %s has no %s\n", kind, name, op);
+  return fn == NULL;
+}
+#define CHECK_OP(op) missing += absent((const void *)t->op, kind, t->name, #op);
+
 static int missing_ops(const struct transport *t) {
   int missing = 0;
-#define CHECK_OP(op)                                                       \
-  if (t->op == NULL) {                                                     \
-    fprintf(stderr, "transport %s has no " #op "\n", t->name);            \
-    missing++;                                                             \
-  }
+  const char *kind = "transport";
   OPS(CHECK_OP)
-#undef CHECK_OP
   return missing;
 }
 
@@ -36,15 +39,10 @@ static int missing_ops(const struct transport *t) {
   X(init) X(devices) X(get_properties) X(listen) X(connect) X(accept) X(reg_mr) X(reg_mr_dmabuf) X(dereg_mr) \
   X(isend) X(irecv) X(test) X(iflush) X(activity) X(close_send) X(close_recv) X(close_listen)
 
-static int missing_plugin_ops(const struct net_plugin *p) {
+static int missing_plugin_ops(const struct net_plugin *t) {
   int missing = 0;
-#define CHECK_OP(op)                                                       \
-  if (p->op == NULL) {                                                     \
-    fprintf(stderr, "network plugin %s has no " #op "\n", p->name);        \
-    missing++;                                                             \
-  }
+  const char *kind = "network plugin";
   PLUGIN_OPS(CHECK_OP)
-#undef CHECK_OP
   return missing;
 }
 
