@@ -169,6 +169,10 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
     if (need_send && need_recv)
       CHECK(check_overlap(comm, t, func));
   }
+  /* The host counts a CUDA communicator's slots once per call: a graph
+   * replaying the kernel would reuse counts long spent. */
+  if (!comm->is_host)
+    CHECK(cuda_stream_check(stream, func, comm->rank));
   t->stream = stream;
   if (log_enabled(LOG_INFO, LOG_COLL)) {
     char d[200];

@@ -82,9 +82,15 @@ NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   if (r != ncclSuccess)
     return api_finish(comm, r);
   /* Host operations are complete when they return, so nothing is left to
-   * flush; later calls are refused. */
+   * flush; a CUDA communicator's kernels are waited for and their network
+   * sends let leave. Later calls are refused. */
   comm->finalized = 1;
-  return ncclSuccess;
+  if (!comm->is_host) {
+    int saved_dev = cuda_current_device();
+    r = cuda_comm_finalize(comm);
+    cuda_restore_device(saved_dev);
+  }
+  return api_finish(comm, r);
 }
 
 /* Destroy and abort tolerate communicators in any state, failed ones

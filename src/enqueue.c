@@ -367,7 +367,17 @@ static ncclResult_t execute(struct comm_plan *plans, int n) {
       continue;
     }
     void *stream = comm->tasks_head ? comm->tasks_head->stream : NULL;
-    ncclResult_t r = cuda_launch(comm, plans[i].lanes, plans[i].nlanes, stream);
+    ncclResult_t r = cuda_prepare(comm, plans[i].lanes, plans[i].nlanes, stream);
+    if (r != ncclSuccess) {
+      err_context("rank %d", comm->rank);
+      return r;
+    }
+  }
+  /* Only once every launch of the group is packed (and its memory
+   * allocated) does the first kernel start. */
+  for (int i = nhost; i < n; i++) {
+    struct ncclComm *comm = plans[i].comm;
+    ncclResult_t r = cuda_launch(comm, comm->tasks_head ? comm->tasks_head->stream : NULL);
     if (r != ncclSuccess) {
       err_context("rank %d", comm->rank);
       return r;

@@ -330,9 +330,31 @@ static ncclResult_t plan_p2p(struct comm_plan *p, struct task *t) {
   return ncclSuccess;
 }
 
+/* On a CUDA communicator the copy is a work of its own, a copy step run
+ * by the kernel in stream order: the buffers are device memory, and the
+ * data may not be there yet when the call is made. */
+static ncclResult_t plan_self_copy(struct comm_plan *p, struct task *s, struct task *r) {
+  struct ncclComm *comm = p->comm;
+  struct work *w;
+  CHECK(new_work(comm, r, 0, &w));
+  w->src = s->sendbuff;
+  ncclResult_t e = schedule_loop(&w->sched, 0, 0, r->count, r->count, 1);
+  if (e == ncclSuccess)
+    e = schedule_tmpl(&w->sched, STEP_COPY, 0, 0, 0, 0, TMPL_REL_SRC | TMPL_REL_DST, 0, 0);
+  e = schedule_finish(&w->sched, e);
+  if (e != ncclSuccess) {
+    plan_work_free(w);
+    return e;
+  }
+  w->piece = slot_elems(comm, w->esize);
+  plan_lane_push(&p->lanes[comm->nchannels + comm->rank], w);
+  return ncclSuccess;
+}
+
 /* A send to oneself is a copy into the matching receive from oneself, in
  * call order. */
-static ncclResult_t run_self(struct ncclComm *comm) {
+static ncclResult_t run_self(struct comm_plan *p) {
+  struct ncclComm *comm = p->comm;
   int nsend = 0, nrecv = 0;
   for (struct task *t = comm->tasks_head; t; t = t->next)
     if (t->peer == comm->rank && (t->coll == COLL_SEND || t->coll == COLL_RECV))
@@ -353,8 +375,23 @@ static ncclResult_t run_self(struct ncclComm *comm) {
                      "rank %d sends %zu x %s to itself but receives %zu x %s from itself: counts and datatypes "
                      "must match",
                      comm->rank, s->count, dtype_name(s->dtype), r->count, dtype_name(r->dtype));
-    if (r->recvbuff != s->sendbuff && s->count > 0)
-      memmove(r->recvbuff, s->sendbuff, s->count * dtype_size(s->dtype));
+    size_t bytes = s->count * dtype_size(s->dtype);
+    const char *from = s->sendbuff;
+    char *to = r->recvbuff;
+    if (to != from && bytes > 0) {
+      if (comm->is_host) {
+        memmove(to, from, bytes);
+      } else {
+        /* The kernel copies forward in parallel: buffers that overlap
+         * without being the same are refused, not corrupted. */
+        if (to < from + bytes && from < to + bytes)
+          return err_set(ncclInvalidArgument,
+                         "rank %d sends %zu bytes to itself from %p into %p, which overlap; on a CUDA communicator "
+                         "the buffers of a copy to oneself must be the same or apart",
+                         comm->rank, bytes, (const void *)from, (void *)to);
+        CHECK(plan_self_copy(p, s, r));
+      }
+    }
     s = s->next;
     r = r->next;
   }
@@ -375,7 +412,7 @@ ncclResult_t plan_comm(struct comm_plan *p) {
     CHECK(UTIL_CALLOC(&comm->lanes, p->nlanes, "lanes"));
   p->lanes = comm->lanes;
   memset(p->lanes, 0, sizeof *p->lanes * (size_t)p->nlanes);
-  CHECK(run_self(comm));
+  CHECK(run_self(p));
   for (struct task *t = comm->tasks_head; t; t = t->next) {
     if (t->coll == COLL_SEND || t->coll == COLL_RECV) {
       if (t->peer != comm->rank && t->count > 0)

@@ -227,6 +227,11 @@ TEST(gpu_host_pointer, 60)
 TEST(gpu_init_all_shared, 60)
 TEST(gpu_premulsum_device_scalar, 60)
 TEST(gpu_mismatch, 60)
+/* Stream order and the host side's first-run defects (test_gpu_order.c). */
+TEST(gpu_self_in_order, 60)
+TEST(gpu_two_streams, 60)
+TEST(gpu_capture_refused, 60)
+TEST(gpu_group_grows, 120)
 /* GPUDirect RDMA over the verbs test double (test_gpu_net.c). */
 TEST(gpu_net_gdr_on, 600)
 TEST(gpu_net_gdr_read_off, 300)

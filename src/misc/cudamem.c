@@ -111,8 +111,49 @@ void cuda_free(void *ptr) {
 }
 
 ncclResult_t cuda_memset(void *ptr, int value, size_t size) {
-  cudaError_t e = cudaMemset(ptr, value, size);
+  cudaStream_t s;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess)
+    return fail(e, "cudaStreamCreateWithFlags");
+  e = cudaMemsetAsync(ptr, value, size, s);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemset of %zu bytes", size);
+}
+
+ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) {
+  cudaStream_t s;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess)
+    return fail(e, "cudaStreamCreateWithFlags");
+  e = cudaMemcpyAsync(out, dev_ptr, sizeof *out, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "reading a counter of device memory at %p", (const void *)dev_ptr);
+}
+
+ncclResult_t cuda_enable_peer(int peer_dev) {
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer_dev, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    return ncclSuccess;
+  }
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaDeviceEnablePeerAccess(%d)", peer_dev);
+}
+
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+  if (e != cudaSuccess)
+    return fail(e, "%s: cudaStreamIsCapturing(%p)", func, stream);
+  if (st != cudaStreamCaptureStatusNone)
+    return err_set(ncclInvalidUsage,
+                   "%s: rank %d: stream %p is being captured into a CUDA graph, which Loom does not support yet; "
+                   "call it outside the capture (nothing was enqueued)",
+                   func, rank, stream);
+  return ncclSuccess;
 }
 
 ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what) {
@@ -297,4 +338,7 @@ ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd) { return none("cuMe
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
   return none(func);
 }
+ncclResult_t cuda_enable_peer(int peer_dev) { return none("cudaDeviceEnablePeerAccess"); }
+ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) { return none("cudaMemcpy"); }
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) { return none(func); }
 #endif

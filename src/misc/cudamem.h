@@ -36,7 +36,17 @@ void cuda_restore_device(int dev);
 
 ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what);
 void cuda_free(void *ptr);
+/* Sets device memory and waits until it is set, on a stream of its own:
+ * cudaMemset is queued on the legacy stream, behind whatever the program
+ * has there, and a peer given the memory meanwhile would see it change. */
 ncclResult_t cuda_memset(void *ptr, int value, size_t size);
+/* Reads a counter in device memory, on a stream of its own. */
+ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out);
+/* Lets this device's kernels reach the memory of `peer_dev` (in this
+ * process); already enabled is fine. */
+ncclResult_t cuda_enable_peer(int peer_dev);
+/* Refuses a stream being captured into a CUDA graph, with the sentence. */
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank);
 /* Pins and maps existing host memory for the GPU; *dev is its device address. */
 ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what);
 void cuda_host_unregister(void *ptr);

@@ -52,6 +52,8 @@ static ncclResult_t p2p_setup(struct conn *c, void *info, size_t *len) {
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
   size_t size = c->dir == CONN_RECV ? P2P_CTRL_BYTES + NCCL_STEPS * (SLOT_HDR_BYTES + capacity) : P2P_CTRL_BYTES;
   CHECK(cuda_malloc(&pp->local, size, c->dir == CONN_RECV ? "a p2p FIFO" : "a p2p counter"));
+  /* Zeroed before the handle is published: a peer may write the counters
+   * as soon as it has it. */
   CHECK(cuda_memset(pp->local, 0, P2P_CTRL_BYTES));
   c->fifo.capacity = capacity;
   c->fifo.stride = SLOT_HDR_BYTES + capacity;
@@ -76,6 +78,11 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
    * this process's pid. */
   const struct peer_info *me = &c->comm->peers[c->comm->rank];
   if (c->comm->peers[c->peer].proc_id == me->proc_id) {
+    /* Another GPU of this process: its memory is reachable only once
+     * peer access is on (an illegal address otherwise). */
+    int peer_dev = c->comm->peers[c->peer].cuda_dev;
+    if (peer_dev != c->comm->cuda_dev)
+      CHECK(cuda_enable_peer(peer_dev));
     pp->remote = (void *)(uintptr_t)pi.ptr; /* IPC cannot reopen this process's own memory */
   } else {
     CHECK(cuda_ipc_open(pi.handle, &pp->remote, c->dir == CONN_SEND ? "the peer's p2p FIFO" : "the peer's p2p counter"));
@@ -94,7 +101,15 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
   return ncclSuccess;
 }
 
-static int p2p_flushed(struct conn *c) { return 1; }
+/* A send is flushed once the peer's kernel released every slot posted:
+ * that release is its last write into this rank's memory. */
+static int p2p_flushed(struct conn *c) {
+  if (c->dir != CONN_SEND || c->step == 0 || !c->dev.head)
+    return 1;
+  uint64_t head = 0;
+  /* An error reading it says nothing of the peer: the memory goes. */
+  return cuda_read_u64(c->dev.head, &head) != ncclSuccess || head >= c->step;
+}
 
 static ncclResult_t p2p_check(struct conn *c) { return comm_peer_alive(c->comm, c->peer); }
 

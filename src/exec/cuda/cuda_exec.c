@@ -39,13 +39,31 @@ struct arena {
   int used;
 };
 
+/* Arena memory outgrown: freed with the communicator, never before, since
+ * cudaFree waits for every kernel of the device, and one of them may wait
+ * for a launch this process has yet to make. */
+struct retired {
+  void *host, *dev;
+  struct retired *next;
+};
+
 struct cuda_comm {
   struct ncclComm *comm;
   struct dev_status *status, *status_dev;
   struct arena arenas[MAX_ARENAS];
   int narenas, next_arena;
+  struct retired *retired;
+  /* What cuda_prepare packed and cuda_launch starts. */
+  struct arena *ready;
+  size_t ready_size, ready_works, ready_tmpl;
+  uint32_t ready_lanes;
   cudaEvent_t last; /* recorded after every launch */
+  void *last_stream;
   int launched;
+  unsigned max_lanes; /* resident at once on the device */
+  /* Set by finalize: the proxy reports when every connection's sends have
+   * left (drained), or why they cannot. */
+  _Atomic int draining, drained;
   /* Connections the proxy watches; appended by the launching thread,
    * read by the proxy up to the published count. */
   struct conn **watch;
@@ -77,6 +95,8 @@ static ncclResult_t cuda_fail(cudaError_t e, const char *what) {
 /* The sentence for what a kernel reported, once. */
 static void kernel_error(struct cuda_comm *cc) {
   struct dev_status *st = cc->status;
+  /* The fields were written before the error that brought us here. */
+  atomic_thread_fence(memory_order_acquire);
   struct slot_hdr got = st->got, want = st->want;
   ncclResult_t r = slot_mismatch(&want, &got, cc->comm->rank, st->peer, got.coll != COLL_SEND);
   err_context("rank %d, on the GPU", cc->comm->rank);
@@ -108,6 +128,13 @@ static void *proxy_main(void *arg) {
     for (int i = 0; i < n; i++)
       transport_progress(cc->watch[i]);
     uint64_t now = time_ns();
+    if (atomic_load(&cc->draining) && !atomic_load(&cc->drained)) {
+      int pending = 0;
+      for (int i = 0; i < n; i++)
+        pending += !transport_flushed(cc->watch[i]);
+      if (pending == 0 || reported)
+        atomic_store(&cc->drained, 1);
+    }
     if (now >= next_check && !reported) {
       next_check = now + 100000000ull;
       if (cc->status->error == DEV_ERR_MISMATCH) {
@@ -121,9 +148,15 @@ static void *proxy_main(void *arg) {
        * The kernel does not say which peer it waits on, so a stall on a
        * live peer can still find another one gone; LOOM_TIMEOUT bounds
        * that case too. */
-      int stalled = kernels_running(cc) && cc->status->progress == seen;
+      int draining = atomic_load(&cc->draining);
+      int stalled = (kernels_running(cc) || draining) && cc->status->progress == seen;
+      int running = kernels_running(cc);
       for (int i = 0; i < n && !reported && stalled; i++) {
         struct conn *c = cc->watch[i];
+        /* Once the kernels are done, only a send still under way needs
+         * its peer: one that finished and exited is no failure. */
+        if (!running && transport_flushed(c))
+          continue;
         ncclResult_t r = transport_check(c);
         if (r != ncclSuccess) {
           err_context("rank %d, on the GPU, waiting on rank %d", comm->rank, c->peer);
@@ -136,13 +169,15 @@ static void *proxy_main(void *arg) {
         uint64_t p = cc->status->progress, a = 0;
         for (int i = 0; i < n; i++)
           a += transport_activity(cc->watch[i]);
-        if (p != seen || a != seen_activity || !kernels_running(cc)) {
+        if (p != seen || a != seen_activity || (!kernels_running(cc) && !draining)) {
           seen = p;
           seen_activity = a;
           last_change = now;
         } else if (now - last_change >= (uint64_t)cc->timeout_s * 1000000000ull) {
           fail_kernels(cc, err_set(ncclRemoteError,
-                                   "rank %d: a collective on the GPU made no progress for LOOM_TIMEOUT=%llds",
+                                   draining ? "rank %d: the last sends of the GPU's collectives did not leave in "
+                                              "LOOM_TIMEOUT=%llds while the communicator was finalized"
+                                            : "rank %d: a collective on the GPU made no progress for LOOM_TIMEOUT=%llds",
                                    comm->rank, (long long)cc->timeout_s));
           reported = 1;
         }
@@ -168,12 +203,36 @@ ncclResult_t cuda_comm_init(struct ncclComm *comm) {
   cc->watch_cap = 2 * comm->nranks + 2 * LOOM_MAX_CHANNELS;
   CHECK(UTIL_CALLOC(&cc->watch, cc->watch_cap, "watched connections"));
   cc->timeout_s = timeout_seconds();
+  int e = cuda_kernel_max_lanes(&cc->max_lanes);
+  if (e != cudaSuccess)
+    return cuda_fail((cudaError_t)e, "asking how many blocks of the kernel the device holds at once");
   cc->ignore_affinity = (int)param_int(P_IGNORE_CPU_AFFINITY);
   int rc = pthread_create(&cc->proxy, NULL, proxy_main, cc);
   if (rc != 0)
     return err_set(ncclSystemError, "cannot start the proxy thread of rank %d: %s", comm->rank, strerror(rc));
   cc->proxy_started = 1;
   return ncclSuccess;
+}
+
+ncclResult_t cuda_comm_finalize(struct ncclComm *comm) {
+  struct cuda_comm *cc = comm->cuda;
+  if (!cc || !cc->proxy_started || atomic_load(&cc->draining))
+    return ncclSuccess;
+  CHECK(cuda_set_device(comm->cuda_dev));
+  /* The proxy keeps running meanwhile: a kernel stuck on a dead peer is
+   * stopped by it rather than waited for forever. */
+  if (cc->launched)
+    cudaEventSynchronize(cc->last);
+  /* A kernel is done once its slots are written; over the network they
+   * still have to leave, which only the proxy makes them do, and through
+   * p2p the peer's kernel has yet to release them (its last write into
+   * this rank's memory, which must not be freed before). */
+  atomic_store(&cc->draining, 1);
+  struct waiter w;
+  wait_init(&w, 0);
+  while (!atomic_load(&cc->drained))
+    wait_pause(&w);
+  return comm->async_error;
 }
 
 void cuda_comm_fini(struct ncclComm *comm, int abort) {
@@ -183,10 +242,12 @@ void cuda_comm_fini(struct ncclComm *comm, int abort) {
   cudaSetDevice(comm->cuda_dev);
   if (cc->status && abort)
     cc->status->abort = 1;
-  /* The proxy keeps running meanwhile: a kernel stuck on a dead peer is
-   * stopped by it rather than waited for forever. */
-  if (cc->launched)
-    cudaEventSynchronize(cc->last);
+  if (abort) {
+    if (cc->launched)
+      cudaEventSynchronize(cc->last);
+  } else {
+    cuda_comm_finalize(comm);
+  }
   if (cc->proxy_started) {
     atomic_store(&cc->stop, 1);
     pthread_join(cc->proxy, NULL);
@@ -195,6 +256,12 @@ void cuda_comm_fini(struct ncclComm *comm, int abort) {
     cudaFreeHost(cc->arenas[i].host);
     cudaFree(cc->arenas[i].dev);
     cudaEventDestroy(cc->arenas[i].done);
+  }
+  for (struct retired *r = cc->retired, *next; r; r = next) {
+    next = r->next;
+    cudaFreeHost(r->host);
+    cudaFree(r->dev);
+    free(r);
   }
   if (cc->last)
     cudaEventDestroy(cc->last);
@@ -226,10 +293,18 @@ static ncclResult_t get_arena(struct cuda_comm *cc, size_t size, struct arena **
     a->used = 0;
   }
   if (a->cap < size) {
-    cudaFreeHost(a->host);
-    cudaFree(a->dev);
+    if (a->host || a->dev) {
+      struct retired *r;
+      CHECK(UTIL_CALLOC(&r, 1, "an outgrown launch arena"));
+      r->host = a->host;
+      r->dev = a->dev;
+      r->next = cc->retired;
+      cc->retired = r;
+    }
+    /* Doubling bounds what is retired to as much as is in use. */
+    size_t cap = LOOM_MAX(LOOM_MAX(size, (size_t)65536), 2 * a->cap);
     a->host = a->dev = NULL;
-    size_t cap = LOOM_MAX(size, (size_t)65536);
+    a->cap = 0;
     CUDA_TRY(cudaHostAlloc(&a->host, cap, cudaHostAllocDefault), "cudaHostAlloc for a launch");
     CHECK(cuda_malloc(&a->dev, cap, "a launch"));
     a->cap = cap;
@@ -276,8 +351,9 @@ static void advance_steps(const struct work *w) {
       w->recvs[i]->step += recvs[i];
 }
 
-ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
+ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   struct cuda_comm *cc = comm->cuda;
+  cc->ready = NULL;
   /* A launch holds the works' step templates, never their expanded
    * steps: its size does not grow with the count. */
   size_t used = 0, nworks = 0, ntmpl = 0;
@@ -292,17 +368,20 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
   }
   if (used == 0)
     return ncclSuccess;
+  /* The lanes of a launch wait on each other and on the peers' lanes:
+   * all of them must be on the device at once. */
+  if (used > cc->max_lanes)
+    return err_set(ncclInvalidUsage,
+                   "rank %d: this group needs %zu lanes (thread blocks) running at once, and the device holds only %u "
+                   "of Loom's kernel at a time: split the group (fewer peers or channels per group)",
+                   comm->rank, used, cc->max_lanes);
   size_t off_lanes = LOOM_ALIGN_UP(sizeof(struct dev_plan), 64);
   size_t off_works = LOOM_ALIGN_UP(off_lanes + used * sizeof(struct dev_lane), 64);
   size_t off_steps = LOOM_ALIGN_UP(off_works + nworks * sizeof(struct dev_work), 64);
   size_t size = off_steps + ntmpl * sizeof(struct step_tmpl);
-  int prev_dev = -1;
-  cudaGetDevice(&prev_dev);
   CHECK(cuda_set_device(comm->cuda_dev));
   struct arena *a = NULL;
-  ncclResult_t r = get_arena(cc, size, &a);
-  if (r != ncclSuccess)
-    goto out;
+  CHECK(get_arena(cc, size, &a));
   char *h = a->host, *d = a->dev;
   struct dev_plan *plan = (struct dev_plan *)h;
   struct dev_lane *dl = (struct dev_lane *)(h + off_lanes);
@@ -352,24 +431,41 @@ ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, 
     }
     li++;
   }
+  cc->ready = a;
+  cc->ready_size = size;
+  cc->ready_lanes = (uint32_t)used;
+  cc->ready_works = nworks;
+  cc->ready_tmpl = ntmpl;
+  return ncclSuccess;
+}
+
+ncclResult_t cuda_launch(struct ncclComm *comm, void *stream) {
+  struct cuda_comm *cc = comm->cuda;
+  struct arena *a = cc->ready;
+  if (!a)
+    return ncclSuccess;
+  cc->ready = NULL;
+  CHECK(cuda_set_device(comm->cuda_dev));
   cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e = cudaMemcpyAsync(a->dev, a->host, size, cudaMemcpyHostToDevice, s);
+  cudaError_t e = cudaSuccess;
+  /* A communicator's kernels run one after the other, as the host counted
+   * their slots: a launch on another stream waits for the one before. */
+  if (cc->launched && stream != cc->last_stream)
+    e = cudaStreamWaitEvent(s, cc->last, 0);
   if (e == cudaSuccess)
-    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, (uint32_t)used, s);
+    e = cudaMemcpyAsync(a->dev, a->host, cc->ready_size, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess)
+    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, cc->ready_lanes, s);
   if (e == cudaSuccess)
     e = cudaEventRecord(a->done, s);
   if (e == cudaSuccess)
     e = cudaEventRecord(cc->last, s);
-  if (e != cudaSuccess) {
-    r = cuda_fail(e, "launching the collective kernel");
-    goto out;
-  }
+  if (e != cudaSuccess)
+    return cuda_fail(e, "launching the collective kernel");
   a->used = 1;
   cc->launched = 1;
-  TRACE(LOG_COLL, "rank %d: launched %zu lane(s), %zu work(s), %zu step template(s) on stream %p", comm->rank, used,
-        nworks, ntmpl, stream);
-out:
-  if (prev_dev >= 0 && prev_dev != comm->cuda_dev)
-    cudaSetDevice(prev_dev);
-  return r;
+  cc->last_stream = stream;
+  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %zu work(s), %zu step template(s) on stream %p", comm->rank,
+        cc->ready_lanes, cc->ready_works, cc->ready_tmpl, stream);
+  return ncclSuccess;
 }

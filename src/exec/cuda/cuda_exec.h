@@ -18,14 +18,25 @@ ncclResult_t cuda_comm_init(struct ncclComm *comm);
 /* Waits for the communicator's kernels (stopping them first if `abort`),
  * then stops the proxy and frees what the executor holds. */
 void cuda_comm_fini(struct ncclComm *comm, int abort);
-/* Enqueues the lanes' works as one kernel on `stream`; returns at once. */
-ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream);
+/* Waits for the communicator's kernels and lets their network sends
+ * leave; the communicator's asynchronous error. */
+ncclResult_t cuda_comm_finalize(struct ncclComm *comm);
+/* Packs the lanes' works into a launch, allocating what it needs: done for
+ * every communicator of a group before the group's first launch, since an
+ * allocation may wait for kernels already running. */
+ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream);
+/* Starts what cuda_prepare packed as one kernel on `stream`; returns at once. */
+ncclResult_t cuda_launch(struct ncclComm *comm, void *stream);
 #else
 static inline ncclResult_t cuda_comm_init(struct ncclComm *comm) {
   return err_set(ncclInternalError, "this build of Loom has no CUDA");
 }
 static inline void cuda_comm_fini(struct ncclComm *comm, int abort) {}
-static inline ncclResult_t cuda_launch(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
+static inline ncclResult_t cuda_comm_finalize(struct ncclComm *comm) { return ncclSuccess; }
+static inline ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
+  return err_set(ncclInternalError, "this build of Loom has no CUDA");
+}
+static inline ncclResult_t cuda_launch(struct ncclComm *comm, void *stream) {
   return err_set(ncclInternalError, "this build of Loom has no CUDA");
 }
 #endif

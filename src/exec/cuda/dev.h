@@ -57,7 +57,8 @@ struct dev_lane {
  * running kernels to stop, and a kernel says why it stopped. */
 struct dev_status {
   volatile int32_t abort;
-  volatile int32_t error;  /* DEV_ERR_* */
+  volatile int32_t error;  /* DEV_ERR_*, published after the fields below */
+  volatile int32_t claim;  /* taken by the block that writes them */
   volatile int32_t lane, work, step;
   volatile int32_t peer;   /* the rank whose slot did not match */
   volatile uint64_t progress; /* bumped for every slot: the proxy's sign of life */
@@ -78,6 +79,11 @@ struct dev_plan {
 /* Launches the plan (already in device memory at `plan`) with `nlanes`
  * blocks on `stream`; the CUDA error code, 0 on success. */
 int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream);
+
+/* How many lanes (blocks) of the kernel can be resident on the current
+ * device at once: a launch's lanes wait on each other, so it must not
+ * need more. The CUDA error code. */
+int cuda_kernel_max_lanes(unsigned *lanes);
 
 /* For the kernel bandwidth benchmark: dst = a OP b over n elements with
  * the executor's reduction loop on a full grid. */

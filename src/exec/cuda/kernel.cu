@@ -236,6 +236,10 @@ __device__ void reduce_any(const struct red_op &op, void *dst, void *dst2, const
 
 /* ---- FIFO handshakes (thread 0) ----------------------------------------- */
 
+#ifdef LOOM_CUDA_EMU /* the kernel's code on the CPU (emu/cuda_emu.h) */
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) { return emu_load_acquire(p); }
+__device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) { emu_store_release(p, v); }
+#else
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -245,6 +249,7 @@ __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
 __device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+#endif
 
 __device__ __forceinline__ bool aborted(const struct dev_status *st) { return *(volatile const int32_t *)&st->abort; }
 
@@ -277,7 +282,9 @@ __device__ bool hdr_matches(const struct slot_hdr &want, const struct slot_hdr &
 
 __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32_t work, uint32_t step, int32_t peer,
                        const struct slot_hdr *got, const struct slot_hdr *want) {
-  if (atomicCAS((int *)&st->error, DEV_ERR_NONE, err) == DEV_ERR_NONE) {
+  /* The first block to fail claims the record, writes what the host will
+   * read, and only then publishes the error that makes the host read it. */
+  if (atomicCAS((int *)&st->claim, 0, 1) == 0) {
     st->peer = peer;
     st->lane = (int32_t)lane;
     st->work = (int32_t)work;
@@ -286,6 +293,8 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
       st->got = *got;
     if (want)
       st->want = *want;
+    __threadfence_system();
+    st->error = err;
   }
   __threadfence_system();
   st->abort = 1;
@@ -432,9 +441,32 @@ __global__ void __launch_bounds__(DEV_THREADS) bench_kernel(struct red_op op, vo
              (uint64_t)gridDim.x * blockDim.x);
 }
 
+#ifdef LOOM_CUDA_EMU
+static void loom_kernel_emu(const void *plan) { loom_kernel((const struct dev_plan *)plan); }
+
+extern "C" int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream) {
+  return emu_launch(stream, nlanes, loom_kernel_emu, plan);
+}
+
+extern "C" int cuda_kernel_max_lanes(unsigned *lanes) {
+  *lanes = emu_resident_blocks();
+  return 0;
+}
+#else
 extern "C" int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream) {
   loom_kernel<<<nlanes, DEV_THREADS, 0, (cudaStream_t)stream>>>(plan);
   return (int)cudaGetLastError();
+}
+
+extern "C" int cuda_kernel_max_lanes(unsigned *lanes) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, loom_kernel, DEV_THREADS, 0);
+  *lanes = (unsigned)(sms * per_sm);
+  return (int)e;
 }
 
 extern "C" int cuda_bench_reduce(const struct red_op *op, void *dst, const void *a, const void *b, uint64_t n,
@@ -445,3 +477,4 @@ extern "C" int cuda_bench_reduce(const struct red_op *op, void *dst, const void 
   bench_kernel<<<sms * 4, DEV_THREADS, 0, (cudaStream_t)stream>>>(*op, dst, a, b, n);
   return (int)cudaGetLastError();
 }
+#endif

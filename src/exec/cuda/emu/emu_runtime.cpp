@@ -1,0 +1,920 @@
+/*
+ * The CUDA runtime API on the CPU: the part of it that Loom and its tests
+ * call, with the semantics that decide whether host code is right.
+ * Linked in place of libcudart by the emulated build (docs/emulation.md),
+ * so cudamem.c, cuda_exec.c, the transports and the GPU tests run
+ * unchanged while the kernel runs on the CPU.
+ *
+ * What is kept of CUDA, because Loom's correctness depends on it:
+ * - Streams run in order on their own thread, asynchronously to the
+ *   caller; the legacy default stream waits for the blocking streams and
+ *   they for it; cudaStreamNonBlocking streams for neither. Events and
+ *   cudaStreamWaitEvent order streams; cudaLaunchHostFunc runs on the
+ *   stream.
+ * - cudaMemset on device memory is asynchronous (it is queued on the
+ *   legacy stream); cudaMemcpy is synchronous. After an allocation of
+ *   device or page-locked memory, no command starts before every command
+ *   issued before the allocation has ended (the programming guide's
+ *   "implicit synchronization"); cudaFree and cudaFreeHost wait for all
+ *   the work of every stream. Code that allocates between two launches
+ *   whose kernels wait on each other hangs here as it does there.
+ * - Device memory is memory only through its own pointers: cudaMalloc
+ *   maps a memfd, so that an IPC handle (the pid and the fd) opens in
+ *   another process of the host; cudaPointerGetAttributes tells device,
+ *   pinned and ordinary memory apart.
+ * - A process forked after the runtime started gets
+ *   cudaErrorInitializationError, as from a real driver.
+ * - Stream capture is a flag: captured work is dropped, not replayed.
+ *
+ * What is not: GPU memory ordering weaker than the CPU's, real peer access
+ * checks, timing. The device script (tests/gpu/run.sh) covers those.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include <cuda_runtime_api.h>
+
+#include "exec/cuda/emu/emu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+/* ---- configuration ------------------------------------------------------ */
+
+struct config {
+  int devices = 2;
+  unsigned threads = 32;
+  unsigned resident = 64;
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  const char *bad = nullptr; /* the sentence when the environment is wrong */
+  char why[200];
+};
+
+config g_cfg;
+std::once_flag g_cfg_once;
+
+bool read_uint(const char *name, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
+  const char *v = getenv(name);
+  if (!v || !*v)
+    return true;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 0);
+  if (errno || *end || x < lo || x > hi)
+    return false;
+  *out = x;
+  return true;
+}
+
+void config_read() {
+  unsigned long long x;
+  struct {
+    const char *name;
+    unsigned long long lo, hi;
+  } spec[] = {{"LOOM_EMU_DEVICES", 1, 16}, {"LOOM_EMU_THREADS", 1, 1024}, {"LOOM_EMU_RESIDENT", 1, 4096},
+              {"LOOM_EMU_SEED", 0, ~0ull}};
+  for (int i = 0; i < 4; i++) {
+    x = i == 0 ? g_cfg.devices : i == 1 ? g_cfg.threads : i == 2 ? g_cfg.resident : g_cfg.seed;
+    if (!read_uint(spec[i].name, spec[i].lo, spec[i].hi, &x)) {
+      snprintf(g_cfg.why, sizeof g_cfg.why, "loom emu: %s=%s is not a number from %llu to %llu", spec[i].name,
+               getenv(spec[i].name), spec[i].lo, spec[i].hi);
+      g_cfg.bad = g_cfg.why;
+      fprintf(stderr, "%s\n", g_cfg.why);
+      return;
+    }
+    if (i == 0)
+      g_cfg.devices = (int)x;
+    else if (i == 1)
+      g_cfg.threads = (unsigned)x;
+    else if (i == 2)
+      g_cfg.resident = (unsigned)x;
+    else
+      g_cfg.seed = x;
+  }
+}
+
+/* ---- process state ------------------------------------------------------- */
+
+std::mutex g_mu; /* allocations, streams, peer access */
+std::atomic<bool> g_started{false}, g_forked{false};
+thread_local int t_dev = 0;
+thread_local cudaError_t t_last = cudaSuccess;
+
+void on_fork_child() {
+  if (g_started.load())
+    g_forked.store(true);
+}
+
+/* Every entry point starts here: the configuration, once, and the state
+ * a real runtime would refuse in. */
+cudaError_t enter() {
+  std::call_once(g_cfg_once, [] {
+    config_read();
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+  });
+  if (g_cfg.bad)
+    return cudaErrorInitializationError;
+  if (g_forked.load())
+    return cudaErrorInitializationError;
+  return cudaSuccess;
+}
+
+cudaError_t ret(cudaError_t e) {
+  if (e != cudaSuccess)
+    t_last = e;
+  return e;
+}
+
+#define ENTER()                          \
+  do {                                   \
+    cudaError_t enter_e_ = enter();      \
+    if (enter_e_ != cudaSuccess)         \
+      return ret(enter_e_);              \
+  } while (0)
+
+/* ---- memory -------------------------------------------------------------- */
+
+enum mem_kind { MEM_DEVICE, MEM_PINNED, MEM_REGISTERED, MEM_IPC };
+
+struct alloc {
+  size_t size;
+  int device;
+  mem_kind kind;
+  int fd;
+};
+
+std::map<uintptr_t, alloc> g_allocs;
+
+size_t page_round(size_t n) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + pg - 1) / pg * pg;
+}
+
+/* The allocation holding p, under g_mu; null if none. */
+const std::pair<const uintptr_t, alloc> *find_alloc(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  auto it = g_allocs.upper_bound(a);
+  if (it == g_allocs.begin())
+    return nullptr;
+  --it;
+  if (a >= it->first + it->second.size)
+    return nullptr;
+  return &*it;
+}
+
+/* ---- streams and events --------------------------------------------------- */
+
+struct event {
+  uint64_t recorded = 0; /* under g_ev_mu */
+  uint64_t done = 0;
+};
+std::mutex g_ev_mu;
+std::condition_variable g_ev_cv;
+
+struct stream;
+struct dep {
+  stream *s;
+  uint64_t count;
+};
+
+enum op_kind { OP_COPY, OP_SET, OP_KERNEL, OP_HOSTFN, OP_RECORD, OP_WAIT, OP_STOP };
+
+struct op {
+  op_kind kind;
+  void *dst = nullptr;
+  const void *src = nullptr;
+  size_t n = 0;
+  int value = 0;
+  emu_kernel_fn kernel = nullptr;
+  unsigned blocks = 0;
+  cudaHostFn_t fn = nullptr;
+  event *ev = nullptr;
+  uint64_t gen = 0;
+  std::vector<dep> deps;
+};
+
+/* Streams are never freed: a dependency or an event record may still
+ * name one after cudaStreamDestroy. They are few. */
+struct stream {
+  int device;
+  bool legacy, blocking;
+  bool capturing = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<op> q;
+  uint64_t enq = 0, done = 0;
+  pthread_t th;
+};
+
+std::vector<stream *> g_streams; /* under g_mu */
+/* What every command issued from now on waits for: the commands issued
+ * before the last allocation (under g_mu). */
+std::vector<dep> g_barrier;
+stream *g_legacy[16];
+thread_local stream *t_per_thread[16];
+std::atomic<uint64_t> g_launches{0};
+
+void wait_stream(stream *s, uint64_t count) {
+  std::unique_lock<std::mutex> l(s->mu);
+  s->cv.wait(l, [&] { return s->done >= count; });
+}
+
+void run_op(op &o) {
+  for (const dep &d : o.deps)
+    wait_stream(d.s, d.count);
+  switch (o.kind) {
+  case OP_COPY: memmove(o.dst, o.src, o.n); break;
+  case OP_SET: memset(o.dst, o.value, o.n); break;
+  case OP_KERNEL:
+    emu_run_grid(o.blocks, g_cfg.threads, g_cfg.resident, o.kernel, o.src, g_cfg.seed + g_launches.fetch_add(1));
+    break;
+  case OP_HOSTFN: o.fn(o.dst); break;
+  case OP_RECORD: {
+    std::lock_guard<std::mutex> l(g_ev_mu);
+    if (o.ev->done < o.gen)
+      o.ev->done = o.gen;
+    g_ev_cv.notify_all();
+    break;
+  }
+  case OP_WAIT: {
+    std::unique_lock<std::mutex> l(g_ev_mu);
+    g_ev_cv.wait(l, [&] { return o.ev->done >= o.gen; });
+    break;
+  }
+  case OP_STOP: break;
+  }
+}
+
+void *stream_main(void *p) {
+  stream *s = (stream *)p;
+  for (;;) {
+    op o;
+    {
+      std::unique_lock<std::mutex> l(s->mu);
+      s->cv.wait(l, [&] { return !s->q.empty(); });
+      o = std::move(s->q.front());
+      s->q.pop_front();
+    }
+    run_op(o);
+    std::lock_guard<std::mutex> l(s->mu);
+    s->done++;
+    s->cv.notify_all();
+    if (o.kind == OP_STOP)
+      return nullptr;
+  }
+}
+
+stream *stream_new(int dev, bool legacy, bool blocking) {
+  stream *s = new stream;
+  s->device = dev;
+  s->legacy = legacy;
+  s->blocking = blocking;
+  if (pthread_create(&s->th, nullptr, stream_main, s) != 0) {
+    fprintf(stderr, "loom emu: cannot start a stream's thread\n");
+    abort();
+  }
+  pthread_detach(s->th);
+  g_started.store(true);
+  std::lock_guard<std::mutex> l(g_mu);
+  g_streams.push_back(s);
+  return s;
+}
+
+stream *legacy_of(int dev) {
+  static std::once_flag once[16];
+  std::call_once(once[dev], [dev] { g_legacy[dev] = stream_new(dev, true, true); });
+  return g_legacy[dev];
+}
+
+stream *resolve(cudaStream_t h) {
+  uintptr_t v = (uintptr_t)h;
+  if (v == 0 || v == (uintptr_t)cudaStreamLegacy)
+    return legacy_of(t_dev);
+  if (v == (uintptr_t)cudaStreamPerThread) {
+    if (!t_per_thread[t_dev])
+      t_per_thread[t_dev] = stream_new(t_dev, false, true);
+    return t_per_thread[t_dev];
+  }
+  return (stream *)h;
+}
+
+/* Queues o on s behind what the legacy stream rule says it waits for;
+ * returns the count at which it is done. */
+uint64_t enqueue(stream *s, op o) {
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    for (const dep &d : g_barrier)
+      if (d.s != s)
+        o.deps.push_back(d);
+  }
+  if (s->blocking) {
+    std::lock_guard<std::mutex> l(g_mu);
+    for (stream *x : g_streams) {
+      if (x == s || x->device != s->device || !x->blocking || x->legacy == s->legacy)
+        continue;
+      std::lock_guard<std::mutex> lx(x->mu);
+      if (x->enq > x->done)
+        o.deps.push_back({x, x->enq});
+    }
+  }
+  std::lock_guard<std::mutex> l(s->mu);
+  if (s->capturing && o.kind != OP_STOP)
+    return s->done; /* captured into a graph that is never replayed */
+  s->q.push_back(std::move(o));
+  s->cv.notify_all();
+  return ++s->enq;
+}
+
+void sync_stream(stream *s) {
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> l(s->mu);
+    target = s->enq;
+  }
+  wait_stream(s, target);
+}
+
+/* An allocation: later commands wait for all those issued until now. */
+void serialise() {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_barrier.clear();
+  for (stream *x : g_streams) {
+    std::lock_guard<std::mutex> lx(x->mu);
+    if (x->enq > x->done)
+      g_barrier.push_back({x, x->enq});
+  }
+}
+
+void sync_all() {
+  std::vector<stream *> all;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    all = g_streams;
+  }
+  for (stream *s : all)
+    sync_stream(s);
+}
+
+/* The IPC handle's bytes. */
+struct ipc_handle {
+  char magic[8];
+  int32_t pid, fd;
+  uint64_t size;
+};
+static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t), "IPC handle");
+const char kMagic[8] = {'L', 'O', 'O', 'M', 'E', 'M', 'U', '1'};
+
+} // namespace
+
+/* ---- the API ------------------------------------------------------------- */
+
+extern "C" {
+
+unsigned emu_resident_blocks(void) {
+  enter();
+  return g_cfg.resident;
+}
+
+int emu_launch(void *h, unsigned blocks, emu_kernel_fn kernel, const void *arg) {
+  ENTER();
+  if (blocks == 0)
+    return ret(cudaErrorInvalidConfiguration);
+  op o;
+  o.kind = OP_KERNEL;
+  o.kernel = kernel;
+  o.src = arg;
+  o.blocks = blocks;
+  enqueue(resolve((cudaStream_t)h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int *n) {
+  ENTER();
+  *n = g_cfg.devices;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *dev) {
+  ENTER();
+  *dev = t_dev;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev) {
+  ENTER();
+  if (dev < 0 || dev >= g_cfg.devices)
+    return ret(cudaErrorInvalidDevice);
+  t_dev = dev;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int dev) {
+  ENTER();
+  if (dev < 0 || dev >= g_cfg.devices)
+    return ret(cudaErrorInvalidDevice);
+  snprintf(id, (size_t)len, "0000:%02X:00.0", 0x40 + dev);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *id) {
+  ENTER();
+  for (int d = 0; d < g_cfg.devices; d++) {
+    char mine[32];
+    snprintf(mine, sizeof mine, "0000:%02X:00.0", 0x40 + d);
+    if (strcasecmp(mine, id) == 0) {
+      *dev = d;
+      return cudaSuccess;
+    }
+  }
+  return ret(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int *ok, int dev, int peer) {
+  ENTER();
+  if (dev < 0 || dev >= g_cfg.devices || peer < 0 || peer >= g_cfg.devices)
+    return ret(cudaErrorInvalidDevice);
+  *ok = dev != peer;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  ENTER();
+  static bool enabled[16][16];
+  if (peer < 0 || peer >= g_cfg.devices || peer == t_dev || flags != 0)
+    return ret(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> l(g_mu);
+  if (enabled[t_dev][peer])
+    return ret(cudaErrorPeerAccessAlreadyEnabled);
+  enabled[t_dev][peer] = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int dev) {
+  ENTER();
+  if (dev < 0 || dev >= g_cfg.devices)
+    return ret(cudaErrorInvalidDevice);
+  switch (attr) {
+  case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+  case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+  case cudaDevAttrMultiProcessorCount: *v = (int)g_cfg.resident; break;
+  default: *v = 0; break; /* no GPUDirect RDMA, no dma-buf, ... */
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status) {
+  ENTER();
+  *fn = nullptr;
+  if (status)
+    *status = cudaDriverEntryPointSymbolNotFound;
+  return ret(cudaErrorSymbolNotFound);
+}
+
+cudaError_t cudaDriverGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = t_last;
+  t_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return t_last; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInitializationError: return "cudaErrorInitializationError";
+  case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+  case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+  case cudaErrorNotReady: return "cudaErrorNotReady";
+  case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
+  case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+  case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+  case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
+  case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+  case cudaErrorIllegalState: return "cudaErrorIllegalState";
+  case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
+  default: return "cudaErrorUnknown";
+  }
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInitializationError:
+    return g_cfg.bad ? g_cfg.bad : "initialization error (the emulated runtime was started before a fork)";
+  case cudaErrorMapBufferObjectFailed: return "cannot map the IPC handle's memory (emulated)";
+  default: return cudaGetErrorName(e);
+  }
+}
+
+/* ---- memory ---- */
+
+cudaError_t cudaMalloc(void **p, size_t size) {
+  ENTER();
+  *p = nullptr;
+  if (size == 0)
+    return cudaSuccess;
+  serialise();
+  size_t n = page_round(size);
+  int fd = memfd_create("loom-emu-device", MFD_CLOEXEC);
+  if (fd < 0)
+    return ret(cudaErrorMemoryAllocation);
+  void *m = ftruncate(fd, (off_t)n) == 0 ? mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (m == MAP_FAILED) {
+    close(fd);
+    return ret(cudaErrorMemoryAllocation);
+  }
+  std::lock_guard<std::mutex> l(g_mu);
+  g_allocs[(uintptr_t)m] = alloc{n, t_dev, MEM_DEVICE, fd};
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  ENTER();
+  if (!p)
+    return cudaSuccess;
+  sync_all();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != MEM_DEVICE)
+    return ret(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  close(it->second.fd);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+  ENTER();
+  serialise();
+  size_t n = page_round(size ? size : 1);
+  void *m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return ret(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> l(g_mu);
+  g_allocs[(uintptr_t)m] = alloc{n, t_dev, MEM_PINNED, -1};
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t size) { return cudaHostAlloc(p, size, 0); }
+
+cudaError_t cudaFreeHost(void *p) {
+  ENTER();
+  if (!p)
+    return cudaSuccess;
+  sync_all();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != MEM_PINNED)
+    return ret(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
+  ENTER();
+  if (!p || size == 0)
+    return ret(cudaErrorInvalidValue);
+  serialise();
+  std::lock_guard<std::mutex> l(g_mu);
+  if (find_alloc(p) || find_alloc((char *)p + size - 1))
+    return ret(cudaErrorHostMemoryAlreadyRegistered);
+  auto after = g_allocs.lower_bound((uintptr_t)p);
+  if (after != g_allocs.end() && after->first < (uintptr_t)p + size)
+    return ret(cudaErrorHostMemoryAlreadyRegistered);
+  g_allocs[(uintptr_t)p] = alloc{size, t_dev, MEM_REGISTERED, -1};
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p) {
+  ENTER();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != MEM_REGISTERED)
+    return ret(cudaErrorHostMemoryNotRegistered);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned int flags) {
+  ENTER();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto a = find_alloc(h);
+  if (!a || (a->second.kind != MEM_PINNED && a->second.kind != MEM_REGISTERED))
+    return ret(cudaErrorInvalidValue);
+  *d = h;
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p) {
+  ENTER();
+  memset(attr, 0, sizeof *attr);
+  std::lock_guard<std::mutex> l(g_mu);
+  auto a = find_alloc(p);
+  if (!a) {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+    return cudaSuccess;
+  }
+  attr->device = a->second.device;
+  attr->devicePointer = (void *)p;
+  if (a->second.kind == MEM_DEVICE || a->second.kind == MEM_IPC) {
+    attr->type = cudaMemoryTypeDevice;
+  } else {
+    attr->type = cudaMemoryTypeHost;
+    attr->hostPointer = (void *)p;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+  ENTER();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != MEM_DEVICE)
+    return ret(cudaErrorInvalidValue);
+  ipc_handle x;
+  memcpy(x.magic, kMagic, sizeof kMagic);
+  x.pid = (int32_t)getpid();
+  x.fd = it->second.fd;
+  x.size = it->second.size;
+  memset(h, 0, sizeof *h);
+  memcpy(h, &x, sizeof x);
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags) {
+  ENTER();
+  ipc_handle x;
+  memcpy(&x, &h, sizeof x);
+  if (memcmp(x.magic, kMagic, sizeof kMagic) != 0)
+    return ret(cudaErrorInvalidResourceHandle);
+  if (x.pid == (int32_t)getpid())
+    return ret(cudaErrorInvalidResourceHandle); /* as CUDA: not in the process that made it */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)x.pid, (int)x.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return ret(cudaErrorMapBufferObjectFailed);
+  void *m = mmap(nullptr, x.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED)
+    return ret(cudaErrorMapBufferObjectFailed);
+  std::lock_guard<std::mutex> l(g_mu);
+  g_allocs[(uintptr_t)m] = alloc{x.size, t_dev, MEM_IPC, -1};
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p) {
+  ENTER();
+  sync_all();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != MEM_IPC)
+    return ret(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+/* ---- copies ---- */
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t h) {
+  ENTER();
+  if (n == 0)
+    return cudaSuccess;
+  if (!dst || !src)
+    return ret(cudaErrorInvalidValue);
+  op o;
+  o.kind = OP_COPY;
+  o.dst = dst;
+  o.src = src;
+  o.n = n;
+  enqueue(resolve(h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+  ENTER();
+  if (n == 0)
+    return cudaSuccess;
+  if (!dst || !src)
+    return ret(cudaErrorInvalidValue);
+  op o;
+  o.kind = OP_COPY;
+  o.dst = dst;
+  o.src = src;
+  o.n = n;
+  stream *s = legacy_of(t_dev);
+  wait_stream(s, enqueue(s, std::move(o)));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t h) {
+  ENTER();
+  if (n == 0)
+    return cudaSuccess;
+  op o;
+  o.kind = OP_SET;
+  o.dst = dst;
+  o.value = value;
+  o.n = n;
+  enqueue(resolve(h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t n) {
+  ENTER();
+  bool pinned;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto a = find_alloc(dst);
+    pinned = a && (a->second.kind == MEM_PINNED || a->second.kind == MEM_REGISTERED);
+  }
+  cudaError_t e = cudaMemsetAsync(dst, value, n, 0);
+  if (e == cudaSuccess && pinned)
+    sync_stream(legacy_of(t_dev)); /* the one case CUDA makes synchronous */
+  return e;
+}
+
+/* ---- streams ---- */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *h, unsigned int flags) {
+  ENTER();
+  *h = (cudaStream_t)stream_new(t_dev, false, !(flags & cudaStreamNonBlocking));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *h) { return cudaStreamCreateWithFlags(h, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t h) {
+  ENTER();
+  stream *s = resolve(h);
+  if (s->legacy)
+    return ret(cudaErrorInvalidResourceHandle);
+  op o;
+  o.kind = OP_STOP;
+  enqueue(s, std::move(o)); /* its work still runs, as CUDA's does */
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  ENTER();
+  sync_stream(resolve(h));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t h) {
+  ENTER();
+  stream *s = resolve(h);
+  std::lock_guard<std::mutex> l(s->mu);
+  return s->done >= s->enq ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int flags) {
+  ENTER();
+  event *ev = (event *)e;
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> l(g_ev_mu);
+    gen = ev->recorded;
+  }
+  if (gen == 0)
+    return cudaSuccess; /* never recorded: nothing to wait for */
+  op o;
+  o.kind = OP_WAIT;
+  o.ev = ev;
+  o.gen = gen;
+  enqueue(resolve(h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *arg) {
+  ENTER();
+  op o;
+  o.kind = OP_HOSTFN;
+  o.fn = fn;
+  o.dst = arg;
+  enqueue(resolve(h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  ENTER();
+  sync_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mode) {
+  ENTER();
+  stream *s = resolve(h);
+  if (s->legacy)
+    return ret(cudaErrorStreamCaptureUnsupported);
+  std::lock_guard<std::mutex> l(s->mu);
+  if (s->capturing)
+    return ret(cudaErrorIllegalState);
+  s->capturing = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *graph) {
+  ENTER();
+  stream *s = resolve(h);
+  std::lock_guard<std::mutex> l(s->mu);
+  if (!s->capturing)
+    return ret(cudaErrorIllegalState);
+  s->capturing = false;
+  *graph = (cudaGraph_t)malloc(1); /* a graph that can only be destroyed */
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCaptureStatus *status) {
+  ENTER();
+  stream *s = resolve(h);
+  std::lock_guard<std::mutex> l(s->mu);
+  *status = s->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  free(g);
+  return cudaSuccess;
+}
+
+/* ---- events ---- */
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+  ENTER();
+  *e = (cudaEvent_t) new event; /* never freed: a queued record may still name it */
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  ENTER();
+  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
+  ENTER();
+  event *ev = (event *)e;
+  op o;
+  o.kind = OP_RECORD;
+  o.ev = ev;
+  {
+    std::lock_guard<std::mutex> l(g_ev_mu);
+    o.gen = ++ev->recorded;
+  }
+  enqueue(resolve(h), std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  ENTER();
+  event *ev = (event *)e;
+  std::lock_guard<std::mutex> l(g_ev_mu);
+  return ev->done >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  ENTER();
+  event *ev = (event *)e;
+  std::unique_lock<std::mutex> l(g_ev_mu);
+  uint64_t want = ev->recorded;
+  g_ev_cv.wait(l, [&] { return ev->done >= want; });
+  return cudaSuccess;
+}
+
+} /* extern "C" */

@@ -1,0 +1,241 @@
+/*
+ * CUDA communicators in stream order: what the host side must get right
+ * before a kernel runs (issue 22's first-run defects). Each test holds a
+ * stream shut with a gate (a host function that waits until the test opens
+ * it), makes its calls, which must only be queued, then opens the gate: a
+ * call that does its work at once instead of in stream order reads data
+ * not yet there, or runs kernels out of order. Without a device (and
+ * outside the emulated build) every test skips.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "loom.h"
+#include "nccl.h"
+#include "test.h"
+
+#if LOOM_TEST_CUDA
+#include <cuda_runtime.h>
+
+#define NEED_GPU()                   \
+  do {                               \
+    if (harness_cuda_devices() == 0) \
+      SKIP("no CUDA device");        \
+  } while (0)
+
+#define CUDA_OK(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t cuda_ok_e_ = (call);                                                      \
+    RASSERT(cuda_ok_e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cuda_ok_e_)); \
+  } while (0)
+
+struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+};
+
+static void CUDART_CB gate_wait(void *arg) {
+  struct gate *g = arg;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static int gate_shut(struct gate *g, cudaStream_t s) {
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  g->open = 0;
+  CUDA_OK(cudaLaunchHostFunc(s, gate_wait, g));
+  return 0;
+}
+
+static void gate_open(struct gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* A send to oneself copies what the stream put in the buffer before it,
+ * not what was there when the call was made. */
+TEST_IMPL(gpu_self_in_order) {
+  NEED_GPU();
+  enum { N = 300007 };
+  ncclComm_t comm;
+  int dev = 0;
+  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
+  int32_t *h = malloc(N * 4), *out = malloc(N * 4), *src, *dst;
+  cudaStream_t s;
+  ASSERT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  ASSERT(cudaMalloc((void **)&src, N * 4) == cudaSuccess && cudaMalloc((void **)&dst, N * 4) == cudaSuccess);
+  ASSERT(cudaMemset(src, 0, N * 4) == cudaSuccess && cudaMemset(dst, 0, N * 4) == cudaSuccess);
+  ASSERT(cudaDeviceSynchronize() == cudaSuccess);
+  for (int i = 0; i < N; i++)
+    h[i] = i * 7 + 1;
+  struct gate g;
+  ASSERT(gate_shut(&g, s) == 0);
+  ASSERT(cudaMemcpyAsync(src, h, N * 4, cudaMemcpyHostToDevice, s) == cudaSuccess);
+  ASSERT_OK(ncclGroupStart());
+  ASSERT_OK(ncclSend(src, N, ncclInt32, 0, comm, s));
+  ASSERT_OK(ncclRecv(dst, N, ncclInt32, 0, comm, s));
+  ASSERT_OK(ncclGroupEnd());
+  gate_open(&g);
+  ASSERT(cudaStreamSynchronize(s) == cudaSuccess);
+  ASSERT(cudaMemcpy(out, dst, N * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (int i = 0; i < N; i++)
+    ASSERT_MSG(out[i] == i * 7 + 1, "element %d is %d, expected %d", i, out[i], i * 7 + 1);
+  /* Buffers that overlap without being the same are refused. */
+  ASSERT_OK(ncclGroupStart());
+  ASSERT_OK(ncclSend(src, 1000, ncclInt32, 0, comm, s));
+  ASSERT_OK(ncclRecv(src + 10, 1000, ncclInt32, 0, comm, s));
+  ASSERT(ncclGroupEnd() == ncclInvalidArgument);
+  ASSERT_MSG(strstr(ncclGetLastError(comm), "overlap") != NULL, "%s", ncclGetLastError(comm));
+  ASSERT_OK(ncclCommDestroy(comm));
+  cudaFree(src);
+  cudaFree(dst);
+  free(h);
+  free(out);
+  return 0;
+}
+
+/* Two streams: the kernel queued second runs second, whatever the streams
+ * do, because the host counted its slots after the first's. */
+static int streams_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  enum { N = 200003 };
+  float *a, *b, *h = malloc(N * 4);
+  cudaStream_t s1, s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc((void **)&a, N * 4));
+  CUDA_OK(cudaMalloc((void **)&b, N * 4));
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(rank + 1);
+  CUDA_OK(cudaMemcpy(a, h, N * 4, cudaMemcpyHostToDevice));
+  for (int i = 0; i < N; i++)
+    h[i] = (float)(10 * (rank + 1));
+  CUDA_OK(cudaMemcpy(b, h, N * 4, cudaMemcpyHostToDevice));
+  /* Connected, and two launches' memory allocated, first: setting up a
+   * FIFO waits for its memset, and an allocation orders every later
+   * command after all earlier ones (CUDA's implicit synchronisation),
+   * which would order the two kernels whatever Loom does. */
+  float *warm;
+  CUDA_OK(cudaMalloc((void **)&warm, 4 * 1024));
+  CUDA_OK(cudaMemset(warm, 0, 4 * 1024));
+  RCHECK(comm, ncclAllReduce(warm, warm, 1024, ncclFloat, ncclSum, comm, s1));
+  RCHECK(comm, ncclAllReduce(warm, warm, 1024, ncclFloat, ncclSum, comm, s2));
+  CUDA_OK(cudaStreamSynchronize(s1));
+  CUDA_OK(cudaStreamSynchronize(s2));
+  cudaFree(warm);
+  struct gate g;
+  RASSERT(gate_shut(&g, s1) == 0, "gate");
+  RCHECK(comm, ncclAllReduce(a, a, N, ncclFloat, ncclSum, comm, s1));
+  RCHECK(comm, ncclAllReduce(b, b, N, ncclFloat, ncclSum, comm, s2));
+  gate_open(&g);
+  CUDA_OK(cudaStreamSynchronize(s1));
+  CUDA_OK(cudaStreamSynchronize(s2));
+  ncclResult_t async = ncclSuccess;
+  RCHECK(comm, ncclCommGetAsyncError(comm, &async));
+  RASSERT(async == ncclSuccess, "asynchronous error: %s", ncclGetLastError(comm));
+  float tri = (float)(n * (n + 1) / 2);
+  CUDA_OK(cudaMemcpy(h, a, N * 4, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < N; i++)
+    RASSERT(h[i] == tri, "first AllReduce: element %d is %g, expected %g", i, h[i], tri);
+  CUDA_OK(cudaMemcpy(h, b, N * 4, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < N; i++)
+    RASSERT(h[i] == 10 * tri, "second AllReduce: element %d is %g, expected %g", i, h[i], 10 * tri);
+  RCHECK(comm, ncclCommDestroy(comm));
+  cudaFree(a);
+  cudaFree(b);
+  free(h);
+  return 0;
+}
+
+TEST_IMPL(gpu_two_streams) {
+  NEED_GPU();
+  return run_ranks(2, streams_rank, NULL);
+}
+
+/* A stream being captured into a graph is refused, with nothing queued,
+ * and the communicator works on after the capture. */
+TEST_IMPL(gpu_capture_refused) {
+  NEED_GPU();
+  ncclComm_t comm;
+  int dev = 0;
+  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
+  float *d;
+  cudaStream_t s;
+  ASSERT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  ASSERT(cudaMalloc((void **)&d, 4096) == cudaSuccess);
+  ASSERT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);
+  cudaGraph_t graph;
+  ASSERT(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  cudaGraphDestroy(graph);
+  ASSERT_MSG(r == ncclInvalidUsage, "ncclAllReduce under capture returned %d", r);
+  ASSERT_MSG(strstr(ncclGetLastError(comm), "CUDA graph") != NULL, "%s", ncclGetLastError(comm));
+  ASSERT_OK(ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s));
+  ASSERT(cudaStreamSynchronize(s) == cudaSuccess);
+  ASSERT_OK(ncclCommDestroy(comm));
+  cudaFree(d);
+  return 0;
+}
+
+/* One thread, two communicators on one GPU, and a group big enough that
+ * each launch needs more memory than the last: nothing may be freed (an
+ * implicit synchronisation) once the first kernel waits for the second. */
+TEST_IMPL(gpu_group_grows) {
+  NEED_GPU();
+  enum { R = 2, CALLS = 150, N = 1031 };
+  ncclComm_t comms[R];
+  int devs[R] = {0, 0};
+  ASSERT_OK(ncclCommInitAll(comms, R, devs));
+  float *d[R];
+  cudaStream_t s[R];
+  float *h = malloc(N * 4 * CALLS);
+  for (int r = 0; r < R; r++) {
+    ASSERT(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
+    ASSERT(cudaMalloc((void **)&d[r], (size_t)N * 4 * CALLS) == cudaSuccess);
+    for (int i = 0; i < N * CALLS; i++)
+      h[i] = (float)(r + 1);
+    ASSERT(cudaMemcpy(d[r], h, (size_t)N * 4 * CALLS, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  for (int round = 0; round < 2; round++) {
+    int calls = round == 0 ? 1 : CALLS;
+    ASSERT_OK(ncclGroupStart());
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < calls; c++)
+        ASSERT_OK(ncclAllReduce(d[r] + (size_t)c * N, d[r] + (size_t)c * N, N, ncclFloat, ncclSum, comms[r], s[r]));
+    ASSERT_OK(ncclGroupEnd());
+  }
+  for (int r = 0; r < R; r++) {
+    ASSERT(cudaStreamSynchronize(s[r]) == cudaSuccess);
+    ASSERT(cudaMemcpy(h, d[r], (size_t)N * 4 * CALLS, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int i = 0; i < N * CALLS; i++) {
+      float want = i < N ? 6.0f : 3.0f; /* the first call's buffer was reduced twice */
+      ASSERT_MSG(h[i] == want, "rank %d element %d is %g, expected %g", r, i, h[i], want);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    ASSERT_OK(ncclCommDestroy(comms[r]));
+  free(h);
+  return 0;
+}
+
+#else
+
+#define NO_CUDA(name) \
+  TEST_IMPL(name) { SKIP("no CUDA device (this build has no CUDA toolkit)"); }
+NO_CUDA(gpu_self_in_order)
+NO_CUDA(gpu_two_streams)
+NO_CUDA(gpu_capture_refused)
+NO_CUDA(gpu_group_grows)
+
+#endif
