@@ -11,28 +11,13 @@
 #include <time.h>
 
 #include "coll_matrix.h"
+#include "gpu_test.h"
 #include "harness.h"
 #include "loom.h"
 #include "nccl.h"
 #include "test.h"
 
 #if LOOM_TEST_CUDA
-#include <cuda_runtime.h>
-
-/* Asked in a child: CUDA initialised here would not work in the ranks. */
-static int no_device(void) { return harness_cuda_devices() == 0; }
-
-#define NEED_GPU()                   \
-  do {                               \
-    if (no_device())                 \
-      SKIP("no CUDA device");        \
-  } while (0)
-
-#define CUDA_OK(call)                                                                          \
-  do {                                                                                         \
-    cudaError_t cuda_ok_e_ = (call);                                                           \
-    RASSERT(cuda_ok_e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cuda_ok_e_));      \
-  } while (0)
 
 static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
   CUDA_OK(cudaSetDevice(0));
@@ -225,8 +210,6 @@ TEST_IMPL(gpu_mismatch) {
 
 #else
 
-#define NO_CUDA(name) \
-  TEST_IMPL(name) { SKIP("no CUDA device (this build has no CUDA toolkit)"); }
 NO_CUDA(gpu_coll_1)
 NO_CUDA(gpu_coll_2)
 NO_CUDA(gpu_coll_4)

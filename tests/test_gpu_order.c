@@ -12,25 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_test.h"
 #include "harness.h"
 #include "loom.h"
 #include "nccl.h"
 #include "test.h"
 
 #if LOOM_TEST_CUDA
-#include <cuda_runtime.h>
-
-#define NEED_GPU()                   \
-  do {                               \
-    if (harness_cuda_devices() == 0) \
-      SKIP("no CUDA device");        \
-  } while (0)
-
-#define CUDA_OK(call)                                                                     \
-  do {                                                                                    \
-    cudaError_t cuda_ok_e_ = (call);                                                      \
-    RASSERT(cuda_ok_e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cuda_ok_e_)); \
-  } while (0)
 
 struct gate {
   pthread_mutex_t mu;
@@ -231,8 +219,6 @@ TEST_IMPL(gpu_group_grows) {
 
 #else
 
-#define NO_CUDA(name) \
-  TEST_IMPL(name) { SKIP("no CUDA device (this build has no CUDA toolkit)"); }
 NO_CUDA(gpu_self_in_order)
 NO_CUDA(gpu_two_streams)
 NO_CUDA(gpu_capture_refused)

@@ -2,6 +2,7 @@
 #include "core.h"
 #include "misc/cudamem.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -110,27 +111,46 @@ void cuda_free(void *ptr) {
     cudaFree(ptr);
 }
 
+/* Loom's own small synchronous sets and reads of device memory run on one
+ * non-blocking stream per device, made once: not the legacy stream, where
+ * they would wait behind the program's work, and not a stream per call,
+ * which the proxy's polling of p2p counters would make many of. Callers
+ * on several threads share it; each waits for the stream, its own work
+ * among the rest. */
+#define AUX_DEVICES 64
+static pthread_mutex_t aux_mu = PTHREAD_MUTEX_INITIALIZER;
+static cudaStream_t aux_streams[AUX_DEVICES];
+
+static ncclResult_t aux_stream(cudaStream_t *out) {
+  int dev = -1;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess)
+    return fail(e, "cudaGetDevice");
+  if (dev < 0 || dev >= AUX_DEVICES)
+    return err_set(ncclInternalError, "CUDA device %d: Loom handles devices 0 to %d", dev, AUX_DEVICES - 1);
+  pthread_mutex_lock(&aux_mu);
+  if (!aux_streams[dev])
+    e = cudaStreamCreateWithFlags(&aux_streams[dev], cudaStreamNonBlocking);
+  *out = aux_streams[dev];
+  pthread_mutex_unlock(&aux_mu);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaStreamCreateWithFlags");
+}
+
 ncclResult_t cuda_memset(void *ptr, int value, size_t size) {
   cudaStream_t s;
-  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (e != cudaSuccess)
-    return fail(e, "cudaStreamCreateWithFlags");
-  e = cudaMemsetAsync(ptr, value, size, s);
+  CHECK(aux_stream(&s));
+  cudaError_t e = cudaMemsetAsync(ptr, value, size, s);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(s);
-  cudaStreamDestroy(s);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemset of %zu bytes", size);
 }
 
 ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) {
   cudaStream_t s;
-  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (e != cudaSuccess)
-    return fail(e, "cudaStreamCreateWithFlags");
-  e = cudaMemcpyAsync(out, dev_ptr, sizeof *out, cudaMemcpyDeviceToHost, s);
+  CHECK(aux_stream(&s));
+  cudaError_t e = cudaMemcpyAsync(out, dev_ptr, sizeof *out, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(s);
-  cudaStreamDestroy(s);
   return e == cudaSuccess ? ncclSuccess : fail(e, "reading a counter of device memory at %p", (const void *)dev_ptr);
 }
 

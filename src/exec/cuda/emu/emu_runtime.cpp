@@ -320,10 +320,9 @@ uint64_t enqueue(stream *s, op o) {
     for (const dep &d : g_barrier)
       if (d.s != s)
         o.deps.push_back(d);
-  }
-  if (s->blocking) {
-    std::lock_guard<std::mutex> l(g_mu);
-    for (stream *x : g_streams) {
+    /* The legacy stream waits for the blocking streams, and they for it. */
+    for (size_t i = 0; s->blocking && i < g_streams.size(); i++) {
+      stream *x = g_streams[i];
       if (x == s || x->device != s->device || !x->blocking || x->legacy == s->legacy)
         continue;
       std::lock_guard<std::mutex> lx(x->mu);
@@ -367,6 +366,31 @@ void sync_all() {
   }
   for (stream *s : all)
     sync_stream(s);
+}
+
+/* Frees an allocation of `kind` once every stream's work is done (cudaFree
+ * and friends synchronise the device). */
+cudaError_t release(void *p, mem_kind kind) {
+  sync_all();
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_allocs.find((uintptr_t)p);
+  if (it == g_allocs.end() || it->second.kind != kind)
+    return ret(cudaErrorInvalidValue);
+  munmap(p, it->second.size);
+  if (it->second.fd >= 0)
+    close(it->second.fd);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+
+/* Queues a copy on s; the count at which it is done. */
+uint64_t copy_on(stream *s, void *dst, const void *src, size_t n) {
+  op o;
+  o.kind = OP_COPY;
+  o.dst = dst;
+  o.src = src;
+  o.n = n;
+  return enqueue(s, std::move(o));
 }
 
 /* The IPC handle's bytes. */
@@ -559,17 +583,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
 
 cudaError_t cudaFree(void *p) {
   ENTER();
-  if (!p)
-    return cudaSuccess;
-  sync_all();
-  std::lock_guard<std::mutex> l(g_mu);
-  auto it = g_allocs.find((uintptr_t)p);
-  if (it == g_allocs.end() || it->second.kind != MEM_DEVICE)
-    return ret(cudaErrorInvalidValue);
-  munmap(p, it->second.size);
-  close(it->second.fd);
-  g_allocs.erase(it);
-  return cudaSuccess;
+  return p ? release(p, MEM_DEVICE) : cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
@@ -589,16 +603,7 @@ cudaError_t cudaMallocHost(void **p, size_t size) { return cudaHostAlloc(p, size
 
 cudaError_t cudaFreeHost(void *p) {
   ENTER();
-  if (!p)
-    return cudaSuccess;
-  sync_all();
-  std::lock_guard<std::mutex> l(g_mu);
-  auto it = g_allocs.find((uintptr_t)p);
-  if (it == g_allocs.end() || it->second.kind != MEM_PINNED)
-    return ret(cudaErrorInvalidValue);
-  munmap(p, it->second.size);
-  g_allocs.erase(it);
-  return cudaSuccess;
+  return p ? release(p, MEM_PINNED) : cudaSuccess;
 }
 
 cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
@@ -698,14 +703,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 
 cudaError_t cudaIpcCloseMemHandle(void *p) {
   ENTER();
-  sync_all();
-  std::lock_guard<std::mutex> l(g_mu);
-  auto it = g_allocs.find((uintptr_t)p);
-  if (it == g_allocs.end() || it->second.kind != MEM_IPC)
-    return ret(cudaErrorInvalidValue);
-  munmap(p, it->second.size);
-  g_allocs.erase(it);
-  return cudaSuccess;
+  return release(p, MEM_IPC);
 }
 
 /* ---- copies ---- */
@@ -716,12 +714,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     return cudaSuccess;
   if (!dst || !src)
     return ret(cudaErrorInvalidValue);
-  op o;
-  o.kind = OP_COPY;
-  o.dst = dst;
-  o.src = src;
-  o.n = n;
-  enqueue(resolve(h), std::move(o));
+  copy_on(resolve(h), dst, src, n);
   return cudaSuccess;
 }
 
@@ -731,13 +724,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return cudaSuccess;
   if (!dst || !src)
     return ret(cudaErrorInvalidValue);
-  op o;
-  o.kind = OP_COPY;
-  o.dst = dst;
-  o.src = src;
-  o.n = n;
   stream *s = legacy_of(t_dev);
-  wait_stream(s, enqueue(s, std::move(o)));
+  wait_stream(s, copy_on(s, dst, src, n));
   return cudaSuccess;
 }
 
