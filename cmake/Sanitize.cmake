@@ -3,9 +3,16 @@
 # Included from the top-level CMakeLists.txt before any target is made, so
 # the flags reach everything the build makes: the library, the tools, the
 # perf/ benchmarks, the tests and the test plugins and doubles they load.
-# CUDA is off in these builds (the sanitizers do not cover device code and
-# the CUDA runtime is not built for them). .ci/sanitize configures, builds
-# and runs one variant on the tests tests/sanitize.txt names for it.
+# The flags go to C and C++ only: nvcc never sees them, and the real CUDA
+# path is not checked (the sanitizers do not cover device code and the CUDA
+# runtime is not built for them). ASan builds turn CUDA off. TSan builds
+# keep it where LOOM_WITH_CUDA allows, for the CUDA emulation
+# (src/exec/cuda/emu/, docs/emulation.md): there the kernel's own source,
+# its grid runner and its runtime are host C++ built with these flags, so
+# the kernel's fibers, the stream threads, the proxy thread and the peers
+# of one process are all instrumented (the grid runner announces its
+# fibers to TSan). .ci/sanitize configures, builds and runs one variant on
+# the tests tests/sanitize.txt names for it.
 set(LOOM_SANITIZE "" CACHE STRING "Sanitizer build: address (ASan+UBSan), thread (TSan) or empty for none")
 set_property(CACHE LOOM_SANITIZE PROPERTY STRINGS "" address thread)
 
@@ -28,13 +35,20 @@ if(LOOM_FUZZ)
 endif()
 
 # A normal variable wins over option(LOOM_WITH_CUDA ...) (policy CMP0077).
-if(LOOM_WITH_CUDA)
-  message(STATUS "LOOM_SANITIZE=${LOOM_SANITIZE}: building without CUDA")
+if(LOOM_SANITIZE STREQUAL "address")
+  if(LOOM_WITH_CUDA)
+    message(STATUS "LOOM_SANITIZE=${LOOM_SANITIZE}: building without CUDA")
+  endif()
+  set(LOOM_WITH_CUDA OFF)
 endif()
-set(LOOM_WITH_CUDA OFF)
 
-add_compile_options(${LOOM_SANITIZE_FLAGS})
-add_link_options(${LOOM_SANITIZE_FLAGS})
+# C and C++ only (the emulation's kernel_emu.cpp, emu_grid.cpp and
+# emu_runtime.cpp are C++): nvcc rejects -fsanitize, and a CUDA device
+# link step would be nvcc's, so the link flags go to the host link only
+# (HOST_LINK splits its argument at commas: they are spelled $<COMMA>).
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${LOOM_SANITIZE_FLAGS}>")
+string(REPLACE "," "$<COMMA>" LOOM_SANITIZE_LINK_FLAGS "${LOOM_SANITIZE_FLAGS}")
+add_link_options("$<HOST_LINK:${LOOM_SANITIZE_LINK_FLAGS}>")
 
 # hwloc's PCI plugin (hwloc_pci.so) loads libpciaccess, whose global state
 # (pci_sys) hwloc never frees; both are dlclose'd with the last topology,

@@ -8,6 +8,7 @@
 #include "api.h"
 #include "comm_api.h"
 #include "common/dtype.h"
+#include "exec/cuda/cuda_exec.h"
 #include "group.h"
 #include "misc/cudamem.h"
 #include "plan.h"
@@ -130,6 +131,10 @@ static ncclResult_t check_overlap(const struct ncclComm *comm, const struct task
 }
 
 static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t stream, const char *func) {
+  /* What an earlier kernel met refuses this call, though the proxy may
+   * not have looked yet. */
+  if (comm && !comm->is_host)
+    cuda_comm_poll(comm);
   CHECK(comm_check(comm, func));
   log_set_rank(comm->rank);
   if (comm->is_host && stream != NULL)

@@ -143,6 +143,10 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
    * not there to abort. */
   if (!comm_live(comm))
     return api_finish(NULL, comm_not_a_comm("ncclCommAbort"));
+  /* The proxy of a CUDA communicator moves its connections: it stops
+   * first, with its kernels. */
+  if (!comm->is_host)
+    cuda_comm_stop(comm);
   transport_poison_conns(comm, comm->async_error != ncclSuccess ? comm->first_error : NULL);
   INFO(LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank, comm->nranks);
   comm_destroy_all(comm);
@@ -189,6 +193,10 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t *asy
   ncclResult_t r = check_query(comm, asyncError, "ncclCommGetAsyncError");
   if (r != ncclSuccess)
     return api_finish(NULL, r);
+  /* A kernel's report is the error as soon as its stream is done, not
+   * only once the proxy looks. */
+  if (!comm->is_host)
+    cuda_comm_poll(comm);
   /* The job's result is written before it is marked done. */
   *asyncError = comm_async_busy(comm) ? ncclInProgress : comm->async_error;
   return ncclSuccess;

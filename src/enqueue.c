@@ -63,6 +63,8 @@ static ncclResult_t each_conn(struct work *w, ncclResult_t (*fn)(struct conn *))
 static ncclResult_t check_crossed(struct comm_plan *p, struct conn *c) {
   if (!c || c->dir != CONN_RECV || !c->connected || c->kind == CONN_P2P || !c->fifo.tail)
     return ncclSuccess;
+  /* A network connection's slots arrive only when moved. */
+  CHECK(transport_progress(c));
   if (atomic_load_explicit(c->fifo.tail, memory_order_acquire) <= c->step)
     return ncclSuccess;
   const struct slot_hdr *got = fifo_hdr(&c->fifo, c->step);

@@ -4,7 +4,8 @@
  * communicator (the CUDA executor runs its calls on the user's stream);
  * one without, or with LOOM_DEVICE=host, a host communicator (buffers in
  * host memory, stream ignored). Init also hooks in what the lower floors
- * may not call up for (comm->poison_conns, comm->gpu_nic_facts).
+ * may not call up for (comm->poison_conns, comm->gpu_nic_facts,
+ * comm->gpu_path).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -13,6 +14,7 @@
 #include "bootstrap/bootstrap.h"
 #include "algorithms/tuner.h"
 #include "call_check.h"
+#include "common/path_type.h"
 #include "comm_api.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/reduce.h"
@@ -89,6 +91,7 @@ ncclResult_t comm_alloc(struct ncclComm **out) {
   c->is_host = 1;
   c->poison_conns = transport_poison_conns;
   c->gpu_nic_facts = topo_gpu_nic_facts;
+  c->gpu_path = topo_gpu_path;
   *out = c;
   return ncclSuccess;
 }
@@ -236,6 +239,9 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   me->shm_disabled = (int)param_int(P_SHM_DISABLE);
   me->cuda_dev = comm->cuda_dev;
   me->p2p_disabled = (int)param_int(P_P2P_DISABLE);
+  me->p2p_level = topo_p2p_default_level();
+  if (param_is_set(P_P2P_LEVEL))
+    CHECK(path_parse_level("NCCL_P2P_LEVEL", param_str(P_P2P_LEVEL), 1, &me->p2p_level));
   if (!comm->is_host)
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
   me->nchannels_wanted = want;

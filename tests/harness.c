@@ -3,9 +3,11 @@
 #define _GNU_SOURCE
 #endif
 #include "harness.h"
+#include "loom.h"
 #include "sanitizer.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -286,6 +288,155 @@ int harness_cuda_devices(void) {
 }
 #else
 int harness_cuda_devices(void) { return 0; }
+#endif
+
+/* ---- test buffers ---- */
+
+int tbuf_is_cuda(ncclComm_t comm) {
+  int is_host = 1;
+  return loomCommIsHost(comm, &is_host) == ncclSuccess && !is_host;
+}
+
+/* What tbuf_alloc got from cudaMalloc, so that tbuf_free needs no
+ * communicator. */
+enum { TBUF_MAX = 64 };
+static void *tbuf_dev[TBUF_MAX];
+static pthread_mutex_t tbuf_mu = PTHREAD_MUTEX_INITIALIZER; /* ranks may be threads */
+
+static void tbuf_cuda_fail(const char *what, const char *err) { fprintf(stderr, "%s failed: %s\n", what, err); }
+
+void *tbuf_alloc(ncclComm_t comm, size_t bytes) {
+  bytes = bytes ? bytes : 1;
+  if (!tbuf_is_cuda(comm)) {
+    void *p = malloc(bytes);
+    if (!p)
+      fprintf(stderr, "tbuf_alloc: no memory for %zu bytes\n", bytes);
+    return p;
+  }
+#if LOOM_TEST_CUDA
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    tbuf_cuda_fail("tbuf_alloc: cudaMalloc", cudaGetErrorString(e));
+    return NULL;
+  }
+  pthread_mutex_lock(&tbuf_mu);
+  for (int i = 0; i < TBUF_MAX; i++)
+    if (!tbuf_dev[i]) {
+      tbuf_dev[i] = p;
+      pthread_mutex_unlock(&tbuf_mu);
+      return p;
+    }
+  pthread_mutex_unlock(&tbuf_mu);
+  cudaFree(p);
+  fprintf(stderr, "tbuf_alloc: more than %d device buffers at once\n", TBUF_MAX);
+#else
+  fprintf(stderr, "tbuf_alloc: a CUDA communicator, but the tests were built without CUDA\n");
+#endif
+  return NULL;
+}
+
+void tbuf_free(void *p) {
+  if (!p)
+    return;
+#if LOOM_TEST_CUDA
+  int dev = 0;
+  pthread_mutex_lock(&tbuf_mu);
+  for (int i = 0; i < TBUF_MAX && !dev; i++)
+    if (tbuf_dev[i] == p) {
+      tbuf_dev[i] = NULL;
+      dev = 1;
+    }
+  pthread_mutex_unlock(&tbuf_mu);
+  if (dev) {
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess)
+      tbuf_cuda_fail("tbuf_free: cudaFree", cudaGetErrorString(e));
+    return;
+  }
+#endif
+  free(p);
+}
+
+static int tbuf_copy(ncclComm_t comm, void *dst, const void *src, size_t n, int to_dev) {
+  if (!tbuf_is_cuda(comm)) {
+    memcpy(dst, src, n);
+    return 0;
+  }
+#if LOOM_TEST_CUDA
+  cudaError_t e = cudaMemcpy(dst, src, n, to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess)
+    return 0;
+  tbuf_cuda_fail(to_dev ? "tbuf_put: cudaMemcpy" : "tbuf_get: cudaMemcpy", cudaGetErrorString(e));
+#endif
+  return 1;
+}
+
+int tbuf_put(ncclComm_t comm, void *dst, const void *src, size_t n) { return tbuf_copy(comm, dst, src, n, 1); }
+int tbuf_get(ncclComm_t comm, void *dst, const void *src, size_t n) { return tbuf_copy(comm, dst, src, n, 0); }
+
+int tbuf_set(ncclComm_t comm, void *dst, int byte, size_t n) {
+  if (!tbuf_is_cuda(comm)) {
+    memset(dst, byte, n);
+    return 0;
+  }
+#if LOOM_TEST_CUDA
+  cudaError_t e = cudaMemset(dst, byte, n);
+  if (e == cudaSuccess)
+    return 0;
+  tbuf_cuda_fail("tbuf_set: cudaMemset", cudaGetErrorString(e));
+#endif
+  return 1;
+}
+
+int tbuf_sync(ncclComm_t comm, ncclResult_t *async) {
+  *async = ncclSuccess;
+  if (!tbuf_is_cuda(comm))
+    return ncclCommGetAsyncError(comm, async) != ncclSuccess;
+#if LOOM_TEST_CUDA
+  const char *t = getenv("LOOM_TIMEOUT");
+  double limit = (t ? atof(t) : 600.0) + 5.0, t0 = now_s();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(NULL);
+    if (ncclCommGetAsyncError(comm, async) != ncclSuccess)
+      return 1;
+    if (*async != ncclSuccess || e == cudaSuccess)
+      return 0;
+    if (e != cudaErrorNotReady) {
+      tbuf_cuda_fail("tbuf_sync: cudaStreamQuery", cudaGetErrorString(e));
+      return 1;
+    }
+    if (now_s() - t0 > limit) {
+      fprintf(stderr, "tbuf_sync: the stream still runs after %.0f s, and no error\n", limit);
+      return 1;
+    }
+    usleep(1000);
+  }
+#else
+  return 1;
+#endif
+}
+
+ncclResult_t tbuf_result(ncclComm_t comm, ncclResult_t r) {
+  if (r != ncclSuccess || !tbuf_is_cuda(comm))
+    return r;
+  ncclResult_t async;
+  return tbuf_sync(comm, &async) ? ncclInProgress : async;
+}
+
+#if LOOM_TEST_CUDA
+int tbuf_cuda_warm(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaFree(NULL);
+  cudaStreamQuery(NULL);
+  return 1;
+}
+#else
+int tbuf_cuda_warm(void) { return 0; }
 #endif
 
 void harness_remove_dir(const char *dir) {

@@ -68,6 +68,53 @@ double now_s(void);
 int harness_run(char *const argv[], char *out, size_t len);
 int harness_run_merged(char *const argv[], char *out, size_t len);
 
+/* ---- Test buffers for a communicator of either kind ----
+ * A host communicator takes host memory and its calls are done when they
+ * return; a CUDA one (loomCommIsHost says 0: every communicator of
+ * loom_tests_emu, or of loom_tests on a machine with a GPU) takes device
+ * memory, and its calls only queue work on the stream (the tests use the
+ * NULL stream): their results are there after tbuf_sync, and failures the
+ * kernel meets (a dead peer, ranks' calls that disagree) come as the
+ * communicator's asynchronous error, not as the call's result. */
+
+/* 1 for a CUDA communicator, 0 for a host one. */
+int tbuf_is_cuda(ncclComm_t comm);
+/* `bytes` (at least 1 allocated) of memory comm's calls take: cudaMalloc
+ * for a CUDA communicator, malloc for a host one; NULL, said on stderr,
+ * when that fails. */
+void *tbuf_alloc(ncclComm_t comm, size_t bytes);
+/* Frees what tbuf_alloc gave (NULL: nothing). Needs no communicator: it
+ * may come after ncclCommDestroy, as it should after a failure, since
+ * cudaFree waits for every kernel of the device. */
+void tbuf_free(void *p);
+/* n bytes from host memory into a tbuf, out of one into host memory, or
+ * bytes set to `byte`: 0, or 1 (said on stderr) if the copy fails. For a
+ * CUDA communicator these are ordered after the work queued on the NULL
+ * stream, so use them after a tbuf_sync that found no error. */
+int tbuf_put(ncclComm_t comm, void *dst, const void *src, size_t n);
+int tbuf_get(ncclComm_t comm, void *dst, const void *src, size_t n);
+int tbuf_set(ncclComm_t comm, void *dst, int byte, size_t n);
+/* Waits for comm's queued work on the NULL stream, and puts the
+ * communicator's asynchronous error in *async. A CUDA kernel stuck on a
+ * dead or mismatched peer would keep a stream sync waiting, so this polls
+ * ncclCommGetAsyncError while cudaStreamQuery says the stream is busy, and
+ * returns as soon as there is an error (the kernel may still be stopping;
+ * destroy or abort the communicator next). Returns 0 when the work is
+ * done or an error is reported, 1 (said on stderr) when neither happened
+ * within LOOM_TIMEOUT (600 s unset) + 5 s, or on a CUDA error. A host
+ * communicator has nothing queued: just the asynchronous error. */
+int tbuf_sync(ncclComm_t comm, ncclResult_t *async);
+/* The outcome of a call on comm that returned r: r itself where it failed
+ * or comm is a host one; otherwise tbuf_sync's asynchronous error, or
+ * ncclInProgress when tbuf_sync gave up. */
+ncclResult_t tbuf_result(ncclComm_t comm, ncclResult_t r);
+/* Where this process has a CUDA device (LOOM_TEST_CUDA builds), starts the
+ * runtime and its NULL stream on the current device, so that counts of
+ * threads and fds taken after it do not see the runtime's first use by
+ * the library as a leak; returns 1 then, else 0 and does nothing. Not in
+ * a process that forks ranks afterwards (they could not use CUDA). */
+int tbuf_cuda_warm(void);
+
 /* Checks an NCCL call inside a rank: prints the call, the error string and
  * ncclGetLastError, and returns 1 from the rank function. */
 #define RCHECK(comm, call)                                                              \

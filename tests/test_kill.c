@@ -23,6 +23,12 @@
  * by the peer" (sockets); the message must still name the dead rank,
  * which on one host the library learns from its pidfds.
  *
+ * On a CUDA communicator (every one of loom_tests_emu, or with a GPU) a
+ * call only queues its kernel on the stream: here a call is done when its
+ * kernel is (tbuf_result), the failure a survivor must see is the
+ * communicator's asynchronous error, when it shows, with its sentence in
+ * ncclGetLastError, and the checks are the same.
+ *
  * The seed is printed; LOOM_TEST_SEED replays one, LOOM_KILL_REPS changes
  * the number of repetitions (REPS by default; fewer when a loaded machine
  * runs past BUDGET_S, but never fewer than MIN_REPS).
@@ -81,6 +87,7 @@ struct rank_report {
 struct rep {
   enum kcoll coll;
   int nranks, victim, root, warm, destroy;
+  int cuda;         /* the ranks see a CUDA device: their communicators are CUDA ones */
   const char *algo; /* NCCL_ALGO, or NULL for the tuner's choice */
   int channels;     /* NCCL_MIN/MAX_NCHANNELS, or 0 for the tuner's */
   unsigned seed;
@@ -205,21 +212,38 @@ static int shm_maps(void) {
   return n;
 }
 
+/* A call's outcome: on a CUDA communicator the call only queues its
+ * kernel, so this waits for it (tbuf_result), and what the kernel met is
+ * the asynchronous error; a host one's call is done when it returns. */
+static ncclResult_t call_done(const struct rep *k, int rank, const float *send, float *recv, ncclComm_t comm) {
+  return tbuf_result(comm, one_call(k, rank, send, recv, comm));
+}
+
 static int kill_rank(int rank, int n, ncclUniqueId id, void *arg) {
   const struct rep *k = arg;
   struct rank_report *me = &k->rep[rank];
+  /* The CUDA runtime's own threads and fds, which stay for the process's
+   * life, are there before the count. */
+  if (k->cuda)
+    tbuf_cuda_warm();
   me->fds[0] = harness_count_entries("/proc/self/fd", NULL);
   me->threads[0] = harness_count_entries("/proc/self/task", NULL);
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
-  float *send = malloc(sizeof *send * COUNT), *recv = malloc(sizeof *recv * COUNT);
-  RASSERT(send && recv, "out of memory");
-  fill_send(k, rank, send);
+  /* send and recv are what the calls take (device memory on a CUDA
+   * communicator); hsend and hrecv their host views (the same buffers on a
+   * host one). */
+  int cuda = tbuf_is_cuda(comm);
+  float *send = tbuf_alloc(comm, sizeof *send * COUNT), *recv = tbuf_alloc(comm, sizeof *recv * COUNT);
+  float *hsend = cuda ? malloc(sizeof *hsend * COUNT) : send, *hrecv = cuda ? malloc(sizeof *hrecv * COUNT) : recv;
+  RASSERT(send && recv && hsend && hrecv, "out of memory");
+  fill_send(k, rank, hsend);
+  RASSERT(!cuda || tbuf_put(comm, send, hsend, sizeof *send * send_count(k)) == 0, "copy to the device");
   if (rank == k->victim) {
     /* Warm calls, timed: the kill then comes within about one more. */
     double t0 = now_s();
     for (int it = 0; it < k->warm; it++)
-      RCHECK(comm, one_call(k, rank, send, recv, comm));
+      RCHECK(comm, call_done(k, rank, send, recv, comm));
     double per_call = (now_s() - t0) / k->warm;
     srand(k->seed);
     struct killer_arg a = {me, (unsigned)(per_call * 1e6 * (rand() % 1000) / 800.0)};
@@ -227,7 +251,7 @@ static int kill_rank(int rank, int n, ncclUniqueId id, void *arg) {
     RASSERT(pthread_create(&th, NULL, killer, &a) == 0, "pthread_create");
     for (;;) {
       atomic_store(&me->in_call, 1);
-      one_call(k, rank, send, recv, comm);
+      call_done(k, rank, send, recv, comm);
       atomic_store(&me->in_call, 0);
       me->calls_done++;
     }
@@ -235,13 +259,15 @@ static int kill_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclResult_t r = ncclSuccess;
   int it;
   for (it = 0; it < MAX_ITERS; it++) {
-    memset(recv, 0xff, sizeof *recv * recv_count(k)); /* NaN: what no call writes */
-    r = one_call(k, rank, send, recv, comm);
+    /* NaN: what no call writes */
+    RASSERT(tbuf_set(comm, recv, 0xff, sizeof *recv * recv_count(k)) == 0, "filling the receive buffer");
+    r = call_done(k, rank, send, recv, comm);
     if (r != ncclSuccess)
       break;
-    long bad = check_recv(k, rank, recv);
+    RASSERT(!cuda || tbuf_get(comm, hrecv, recv, sizeof *recv * recv_count(k)) == 0, "copy from the device");
+    long bad = check_recv(k, rank, hrecv);
     RASSERT(bad < 0, "rank %d: %s #%d succeeded with element %ld wrong (%g)", rank, kcoll_name[k->coll], it, bad,
-            recv[bad]);
+            hrecv[bad]);
   }
   me->t_err = now_s();
   me->result = (int)r;
@@ -254,12 +280,17 @@ static int kill_rank(int rank, int n, ncclUniqueId id, void *arg) {
   else
     RCHECK(NULL, ncclCommAbort(comm));
   me->t_teardown = now_s() - t0;
+  /* After the buffers: a device buffer of the emulation holds an fd. */
+  tbuf_free(send);
+  tbuf_free(recv);
+  if (cuda) {
+    free(hsend);
+    free(hrecv);
+  }
   me->fds[1] = harness_count_entries("/proc/self/fd", NULL);
   me->threads[1] = harness_count_entries("/proc/self/task", NULL);
   me->shm_maps = shm_maps();
   me->done = 1;
-  free(send);
-  free(recv);
   return 0;
 }
 
@@ -373,6 +404,8 @@ static int kill_test(const char *name, enum kcoll coll) {
   struct rank_report *shared =
       mmap(NULL, sizeof *shared * MAXR, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT(shared != MAP_FAILED);
+  /* Asked in a child: this process forks the ranks. */
+  int cuda = harness_cuda_devices() > 0;
   srand(seed);
   struct totals t = {0};
   double t0 = now_s();
@@ -382,7 +415,7 @@ static int kill_test(const char *name, enum kcoll coll) {
       printf("%s: stopping after %d repetitions, %.0f s (a loaded machine)\n", name, i, now_s() - t0);
       break;
     }
-    struct rep k = {.coll = coll, .rep = shared};
+    struct rep k = {.coll = coll, .rep = shared, .cuda = cuda};
     k.nranks = 3 + rand() % 2;
     k.victim = rand() % k.nranks;
     k.root = rand() % k.nranks;

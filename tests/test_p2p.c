@@ -31,22 +31,33 @@ static int ring_rank(int rank, int n, ncclUniqueId id, void *arg) {
   for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
     size_t c = counts[k];
     int32_t *s = malloc(c * 4 + 4), *r = malloc(c * 4 + 4);
+    void *ds = tbuf_alloc(comm, c * 4 + 4), *dr = tbuf_alloc(comm, c * 4 + 4);
+    RASSERT(s && r && ds && dr, "out of memory");
     for (size_t i = 0; i < c; i++)
       s[i] = value(rank, next, i);
-    memset(r, 0, c * 4 + 4);
+    RASSERT(tbuf_put(comm, ds, s, c * 4) == 0 && tbuf_set(comm, dr, 0, c * 4 + 4) == 0, "copy in");
     RCHECK(comm, ncclGroupStart());
-    RCHECK(comm, ncclSend(s, c, ncclInt32, next, comm, NULL));
-    RCHECK(comm, ncclRecv(r, c, ncclInt32, prev, comm, NULL));
+    RCHECK(comm, ncclSend(ds, c, ncclInt32, next, comm, NULL));
+    RCHECK(comm, ncclRecv(dr, c, ncclInt32, prev, comm, NULL));
     RCHECK(comm, ncclGroupEnd());
+    RCHECK(comm, tbuf_result(comm, ncclSuccess));
+    RASSERT(tbuf_get(comm, r, dr, c * 4 + 4) == 0, "copy out");
     for (size_t i = 0; i < c; i++)
       RASSERT(r[i] == value(prev, rank, i), "count %zu: element %zu from rank %d is %d, expected %d", c, i, prev,
               r[i], value(prev, rank, i));
+    RASSERT(r[c] == 0, "count %zu: the element past the end was written (%d)", c, r[c]);
     free(s);
     free(r);
+    tbuf_free(ds);
+    tbuf_free(dr);
   }
   const char *tr;
   RCHECK(comm, loomCommPeerTransport(comm, next, &tr));
-  RASSERT(strcmp(tr, cfg->socket ? "net/socket" : "shm") == 0, "reached rank %d over %s", next, tr);
+  /* Between CUDA communicators on one host, CUDA IPC where P2P is allowed. */
+  const char *p2p = getenv("NCCL_P2P_DISABLE");
+  int ipc_ok = !cfg->socket && tbuf_is_cuda(comm) && !(p2p && atoi(p2p) == 1);
+  RASSERT(strcmp(tr, cfg->socket ? "net/socket" : "shm") == 0 || (ipc_ok && strcmp(tr, "p2p") == 0),
+          "reached rank %d over %s", next, tr);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
@@ -60,18 +71,21 @@ static int alltoall_rank(int rank, int n, ncclUniqueId id, void *arg) {
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   size_t c = cfg->count;
   int32_t *s = malloc(c * 4 * n), *r = malloc(c * 4 * n);
-  RASSERT(s && r, "out of memory");
+  int32_t *ds = tbuf_alloc(comm, c * 4 * n), *dr = tbuf_alloc(comm, c * 4 * n);
+  RASSERT(s && r && ds && dr, "out of memory");
   for (int round = 0; round < 2; round++) {
     for (int p = 0; p < n; p++)
       for (size_t i = 0; i < c; i++)
         s[(size_t)p * c + i] = value(rank, p, i + (size_t)round);
-    memset(r, 0xff, c * 4 * n);
+    RASSERT(tbuf_put(comm, ds, s, c * 4 * n) == 0 && tbuf_set(comm, dr, 0xff, c * 4 * n) == 0, "copy in");
     RCHECK(comm, ncclGroupStart());
     for (int p = 0; p < n; p++) {
-      RCHECK(comm, ncclSend(s + (size_t)p * c, c, ncclInt32, p, comm, NULL));
-      RCHECK(comm, ncclRecv(r + (size_t)p * c, c, ncclInt32, p, comm, NULL));
+      RCHECK(comm, ncclSend(ds + (size_t)p * c, c, ncclInt32, p, comm, NULL));
+      RCHECK(comm, ncclRecv(dr + (size_t)p * c, c, ncclInt32, p, comm, NULL));
     }
     RCHECK(comm, ncclGroupEnd());
+    RCHECK(comm, tbuf_result(comm, ncclSuccess));
+    RASSERT(tbuf_get(comm, r, dr, c * 4 * n) == 0, "copy out");
     for (int p = 0; p < n; p++)
       for (size_t i = 0; i < c; i++)
         RASSERT(r[(size_t)p * c + i] == value(p, rank, i + (size_t)round), "round %d: block from rank %d element %zu",
@@ -79,6 +93,8 @@ static int alltoall_rank(int rank, int n, ncclUniqueId id, void *arg) {
   }
   free(s);
   free(r);
+  tbuf_free(ds);
+  tbuf_free(dr);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
@@ -88,25 +104,33 @@ static int ordered_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   enum { M = 5, C = 70000 };
-  int32_t *buf = malloc((size_t)M * C * 4);
+  int32_t *buf = malloc((size_t)M * C * 4), *dbuf = tbuf_alloc(comm, (size_t)M * C * 4);
+  RASSERT(buf && dbuf, "out of memory");
   int peer = rank ^ 1;
+  if (rank == 0)
+    for (int m = 0; m < M; m++)
+      for (size_t i = 0; i < C; i++)
+        buf[(size_t)m * C + i] = value(m, 0, i);
+  else
+    memset(buf, 0, (size_t)M * C * 4);
+  RASSERT(tbuf_put(comm, dbuf, buf, (size_t)M * C * 4) == 0, "copy in");
   RCHECK(comm, ncclGroupStart());
   for (int m = 0; m < M; m++) {
-    int32_t *b = buf + (size_t)m * C;
-    if (rank == 0) {
-      for (size_t i = 0; i < C; i++)
-        b[i] = value(m, 0, i);
+    int32_t *b = dbuf + (size_t)m * C;
+    if (rank == 0)
       RCHECK(comm, ncclSend(b, C - m, ncclInt32, peer, comm, NULL));
-    } else {
+    else
       RCHECK(comm, ncclRecv(b, C - m, ncclInt32, peer, comm, NULL));
-    }
   }
   RCHECK(comm, ncclGroupEnd());
+  RCHECK(comm, tbuf_result(comm, ncclSuccess));
+  RASSERT(tbuf_get(comm, buf, dbuf, (size_t)M * C * 4) == 0, "copy out");
   if (rank == 1)
     for (int m = 0; m < M; m++)
       for (size_t i = 0; i < (size_t)(C - m); i++)
         RASSERT(buf[(size_t)m * C + i] == value(m, 0, i), "message %d element %zu out of order", m, i);
   free(buf);
+  tbuf_free(dbuf);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
@@ -117,12 +141,21 @@ static int blocking_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   int32_t s[100], r[100];
+  int32_t *ds = tbuf_alloc(comm, sizeof s), *dr = tbuf_alloc(comm, sizeof r);
+  RASSERT(ds && dr, "out of memory");
   for (int i = 0; i < 100; i++)
     s[i] = value(rank, 1 - rank, (size_t)i);
-  RCHECK(comm, ncclSend(s, 100, ncclInt32, 1 - rank, comm, NULL));
-  RCHECK(comm, ncclRecv(r, 100, ncclInt32, 1 - rank, comm, NULL));
+  RASSERT(tbuf_put(comm, ds, s, sizeof s) == 0 && tbuf_set(comm, dr, 0, sizeof r) == 0, "copy in");
+  /* A CUDA communicator's send is done once its kernel ran: it is queued
+   * before the receive, on the same stream, as the host one returns first. */
+  RCHECK(comm, ncclSend(ds, 100, ncclInt32, 1 - rank, comm, NULL));
+  RCHECK(comm, ncclRecv(dr, 100, ncclInt32, 1 - rank, comm, NULL));
+  RCHECK(comm, tbuf_result(comm, ncclSuccess));
+  RASSERT(tbuf_get(comm, r, dr, sizeof r) == 0, "copy out");
   for (int i = 0; i < 100; i++)
     RASSERT(r[i] == value(1 - rank, rank, (size_t)i), "element %d", i);
+  tbuf_free(ds);
+  tbuf_free(dr);
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
@@ -130,6 +163,7 @@ static int blocking_rank(int rank, int n, ncclUniqueId id, void *arg) {
 static int p2p_run(int n, rank_fn fn, size_t count, int socket) {
   struct p2p_cfg cfg = {.count = count, .socket = socket};
   if (socket) {
+    setenv("NCCL_P2P_DISABLE", "1", 1);
     setenv("NCCL_SHM_DISABLE", "1", 1);
     setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   }
@@ -157,20 +191,32 @@ TEST_IMPL(p2p_self) {
     a[i] = i * 3;
   for (int i = 0; i < 10; i++)
     c[i] = -i;
+  /* The same layout in the communicator's memory. */
+  int32_t *da = tbuf_alloc(comm, sizeof a), *db = tbuf_alloc(comm, sizeof b), *dc = tbuf_alloc(comm, sizeof c),
+          *dd = tbuf_alloc(comm, sizeof d);
+  ASSERT(da && db && dc && dd);
+  ASSERT(tbuf_put(comm, da, a, sizeof a) == 0 && tbuf_put(comm, dc, c, sizeof c) == 0);
+  ASSERT(tbuf_set(comm, db, 0, sizeof b) == 0 && tbuf_set(comm, dd, 0, sizeof d) == 0);
   ASSERT_OK(ncclGroupStart());
-  ASSERT_OK(ncclSend(a, 1000, ncclInt32, 0, comm, NULL));
-  ASSERT_OK(ncclSend(c, 10, ncclInt32, 0, comm, NULL));
-  ASSERT_OK(ncclRecv(b, 1000, ncclInt32, 0, comm, NULL));
-  ASSERT_OK(ncclRecv(d, 10, ncclInt32, 0, comm, NULL));
+  ASSERT_OK(ncclSend(da, 1000, ncclInt32, 0, comm, NULL));
+  ASSERT_OK(ncclSend(dc, 10, ncclInt32, 0, comm, NULL));
+  ASSERT_OK(ncclRecv(db, 1000, ncclInt32, 0, comm, NULL));
+  ASSERT_OK(ncclRecv(dd, 10, ncclInt32, 0, comm, NULL));
   ASSERT_OK(ncclGroupEnd());
+  ASSERT_OK(tbuf_result(comm, ncclSuccess));
+  ASSERT(tbuf_get(comm, b, db, sizeof b) == 0 && tbuf_get(comm, d, dd, sizeof d) == 0);
   for (int i = 0; i < 1000; i++)
     ASSERT(b[i] == i * 3);
   for (int i = 0; i < 10; i++)
     ASSERT(d[i] == -i);
   ASSERT_OK(ncclGroupStart());
-  ASSERT_OK(ncclSend(a, 1000, ncclInt32, 0, comm, NULL));
+  ASSERT_OK(ncclSend(da, 1000, ncclInt32, 0, comm, NULL));
   ASSERT(ncclGroupEnd() == ncclInvalidUsage);
   ASSERT_MSG(strstr(ncclGetLastError(comm), "send(s) to itself") != NULL, "%s", ncclGetLastError(comm));
   ASSERT_OK(ncclCommDestroy(comm));
+  tbuf_free(da);
+  tbuf_free(db);
+  tbuf_free(dc);
+  tbuf_free(dd);
   return 0;
 }

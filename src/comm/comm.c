@@ -44,10 +44,13 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
 void comm_set_error(struct ncclComm *comm, ncclResult_t res) {
   if (!comm_live(comm))
     return;
-  if (comm->async_error == ncclSuccess) {
-    comm->async_error = res;
+  int unclaimed = 0;
+  if (atomic_compare_exchange_strong(&comm->error_claim, &unclaimed, 1)) {
     snprintf(comm->first_error, sizeof comm->first_error, "%s", err_thread_last());
     snprintf(comm->last_error, sizeof comm->last_error, "%s", comm->first_error);
+    atomic_store_explicit(&comm->async_error, res, memory_order_release);
+  } else if (atomic_load_explicit(&comm->async_error, memory_order_acquire) == ncclSuccess) {
+    return; /* another thread is writing it */
   }
   if (comm->poison_conns)
     comm->poison_conns(comm, comm->first_error);

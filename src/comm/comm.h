@@ -34,6 +34,7 @@ struct peer_info {
   int32_t cuda_dev;
   int32_t nchannels_wanted;
   int32_t p2p_disabled;
+  int32_t p2p_level; /* NCCL_P2P_LEVEL, or the topology's default: the farthest path p2p takes */
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
   int32_t numa;   /* the NUMA node the rank runs on */
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
@@ -118,6 +119,9 @@ struct ncclComm {
    * it was where the topology does not know. */
   void (*gpu_nic_facts)(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
                         int *nvlink);
+  /* What the p2p transport asks of it: the type of path between the GPUs
+   * of two PCI bus ids of this host, -1 where it does not place both. */
+  int (*gpu_path)(const char *busid_a, const char *busid_b);
   /* What a failure does to the connections besides (comm_set_error):
    * set by comm_alloc (init.c), on the floor that makes them. */
   void (*poison_conns)(struct ncclComm *comm, const char *why);
@@ -132,7 +136,11 @@ struct ncclComm {
    * runs on a worker (async.c), whose thread this is, if started. */
   _Atomic int async_busy;
   struct async_worker *worker;
-  ncclResult_t async_error;
+  /* Set once, by whichever thread fails first (the caller's, or a CUDA
+   * proxy): error_claim picks it, the sentences are written, then the code
+   * is published (release) for other threads to read them after it. */
+  _Atomic int error_claim;
+  _Atomic ncclResult_t async_error;
   char last_error[LOOM_ERR_LEN];
   /* The sentence of the failure that broke the communicator, written
    * once: every later call quotes it, so it never drowns in their
@@ -207,13 +215,14 @@ static inline int comm_async_busy(const struct ncclComm *comm) {
 
 /* ---- whether peers live (comm_peers.c) ---- */
 
-/* Fails with "rank 2 (pid 123 on h) has exited" if it has. */
+/* Fails with "rank 2 (pid 123 on h) has exited" if it has, naming the
+ * other ranks of this host that have exited as well. */
 ncclResult_t comm_peer_alive(struct ncclComm *comm, int peer);
 /* The ranks of this host that have exited, as "; rank 2 (pid 123 on h)
- * has exited" (empty if none), for a peer that gave up on an operation or
+ * has exited" (empty if none; rank `skip` left out), for a peer that gave up on an operation or
  * closed its connection: it did so most likely because one of them died,
  * which it cannot tell this rank itself. */
-void comm_note_exited(struct ncclComm *comm, char *buf, size_t len);
+void comm_note_exited(struct ncclComm *comm, int skip, char *buf, size_t len);
 /* Whether rank `peer` is known to live, as "; rank 1 (pid 123 on h) is
  * still running", "... has exited", or that it is on another host, whose
  * processes this rank cannot see: a broken connection says only that. */

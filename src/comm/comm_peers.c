@@ -23,10 +23,14 @@ static int peer_exited_within(const struct ncclComm *comm, int peer, int ms) {
 static int peer_exited(const struct ncclComm *comm, int peer) { return peer_exited_within(comm, peer, 0); }
 
 ncclResult_t comm_peer_alive(struct ncclComm *comm, int peer) {
-  if (peer_exited(comm, peer))
-    return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited", peer, comm->peers[peer].pid,
-                   comm->peers[peer].hostname);
-  return ncclSuccess;
+  if (!peer_exited(comm, peer))
+    return ncclSuccess;
+  /* The peer may have given up because another rank died, and exited
+   * before this rank could hear why: the others gone are named too. */
+  char others[512];
+  comm_note_exited(comm, peer, others, sizeof others);
+  return err_set(ncclRemoteError, "rank %d (pid %d on %s) has exited%s", peer, comm->peers[peer].pid,
+                 comm->peers[peer].hostname, others);
 }
 
 void comm_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len) {
@@ -42,12 +46,12 @@ void comm_note_peer(struct ncclComm *comm, int peer, char *buf, size_t len) {
     snprintf(buf, len, "; rank %d (pid %d on %s) is still running", peer, p->pid, p->hostname);
 }
 
-void comm_note_exited(struct ncclComm *comm, char *buf, size_t len) {
+void comm_note_exited(struct ncclComm *comm, int skip, char *buf, size_t len) {
   size_t used = 0;
   if (len > 0)
     buf[0] = '\0';
   for (int r = 0; r < comm->nranks && used < len; r++) {
-    if (r == comm->rank || !peer_exited(comm, r))
+    if (r == comm->rank || r == skip || !peer_exited(comm, r))
       continue;
     int k = snprintf(buf + used, len - used, "; rank %d (pid %d on %s) has exited", r, comm->peers[r].pid,
                      comm->peers[r].hostname);

@@ -7,6 +7,8 @@
 #ifndef LOOM_PATH_TYPE_H
 #define LOOM_PATH_TYPE_H
 
+#include "core.h"
+
 enum path_type {
   PATH_LOC = 0, /* the same node */
   PATH_NVL = 1, /* one NVLink hop, or through an NVSwitch */
@@ -22,5 +24,11 @@ enum path_type {
 
 /* "PIX" and so on; "?" for a value that is no kind. */
 const char *path_type_name(int type);
+
+/* The value of a level variable (`var`, for the sentence): a path name,
+ * or NCCL's legacy number (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and above SYS);
+ * NVL too where `with_nvl`. ncclInvalidArgument, with the sentence,
+ * otherwise. */
+ncclResult_t path_parse_level(const char *var, const char *value, int with_nvl, int *level);
 
 #endif

@@ -17,7 +17,7 @@ static const char *op_label(int code) {
   return code >= 0 && code <= ncclNumOps ? names[code] : "?";
 }
 
-static void describe(const struct slot_hdr *h, char *buf, size_t len) {
+void slot_describe(const struct slot_hdr *h, char *buf, size_t len) {
   int coll = h->coll;
   int n = snprintf(buf, len, "%s(count %llu, %s", coll_name(coll), (unsigned long long)h->count,
                    dtype_name(h->dtype));
@@ -55,17 +55,17 @@ int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int ch
 
 ncclResult_t slot_mismatch(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer, int check_seq) {
   char theirs[160], ours[160];
-  describe(got, theirs, sizeof theirs);
+  slot_describe(got, theirs, sizeof theirs);
   struct slot_hdr mine = *want;
   if (!check_seq) {
     mine.coll = COLL_RECV;
-    describe(&mine, ours, sizeof ours);
+    slot_describe(&mine, ours, sizeof ours);
     return err_set(ncclInvalidUsage,
                    "rank %d posted %s from rank %d, but rank %d's matching call is %s: send and receive must "
                    "have the same count and datatype",
                    me, ours, peer, (int)got->sender, theirs);
   }
-  describe(&mine, ours, sizeof ours);
+  slot_describe(&mine, ours, sizeof ours);
   if (got->seq != want->seq && got->coll == mine.coll && got->count == mine.count && got->dtype == mine.dtype)
     return err_set(ncclInvalidUsage,
                    "rank %d is in collective #%llu %s but rank %d sent data for its collective #%llu: the ranks "

@@ -14,6 +14,8 @@
 void slot_mine(const struct task *t, uint64_t seq, int rank, struct slot_hdr *h);
 /* The header a sender matching `t` writes (bytes and sender left 0). */
 void slot_expect(const struct task *t, uint64_t seq, struct slot_hdr *h);
+/* "AllReduce(count 100, float, sum)": the call a header describes. */
+void slot_describe(const struct slot_hdr *h, char *buf, size_t len);
 int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int check_seq);
 /* Records the sentence for a mismatch between this rank (`me`, receiving
  * from `peer`) and the sender, and returns ncclInvalidUsage. */

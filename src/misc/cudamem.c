@@ -121,6 +121,33 @@ void cuda_free(void *ptr) {
 static pthread_mutex_t aux_mu = PTHREAD_MUTEX_INITIALIZER;
 static cudaStream_t aux_streams[AUX_DEVICES];
 
+static int aux_holders;
+
+void cuda_aux_hold(void) {
+  pthread_mutex_lock(&aux_mu);
+  aux_holders++;
+  pthread_mutex_unlock(&aux_mu);
+}
+
+/* The streams go with the last CUDA communicator, so that a process that
+ * has destroyed them all holds nothing of Loom's. */
+void cuda_aux_release(void) {
+  pthread_mutex_lock(&aux_mu);
+  if (--aux_holders == 0) {
+    int saved = -1;
+    cudaGetDevice(&saved);
+    for (int d = 0; d < AUX_DEVICES; d++)
+      if (aux_streams[d]) {
+        cudaSetDevice(d);
+        cudaStreamDestroy(aux_streams[d]);
+        aux_streams[d] = NULL;
+      }
+    if (saved >= 0)
+      cudaSetDevice(saved);
+  }
+  pthread_mutex_unlock(&aux_mu);
+}
+
 static ncclResult_t aux_stream(cudaStream_t *out) {
   int dev = -1;
   cudaError_t e = cudaGetDevice(&dev);
@@ -145,14 +172,21 @@ ncclResult_t cuda_memset(void *ptr, int value, size_t size) {
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemset of %zu bytes", size);
 }
 
-ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) {
+/* A copy on the auxiliary stream, waited for; `dev` is the device side. */
+static ncclResult_t aux_copy(void *dst, const void *src, size_t n, const void *dev, const char *what) {
   cudaStream_t s;
   CHECK(aux_stream(&s));
-  cudaError_t e = cudaMemcpyAsync(out, dev_ptr, sizeof *out, cudaMemcpyDeviceToHost, s);
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(s);
-  return e == cudaSuccess ? ncclSuccess : fail(e, "reading a counter of device memory at %p", (const void *)dev_ptr);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "%s %zu bytes of device memory at %p", what, n, dev);
 }
+
+ncclResult_t cuda_read(void *out, const void *ptr, size_t n) { return aux_copy(out, ptr, n, ptr, "reading"); }
+
+ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) { return cuda_read(out, dev_ptr, sizeof *out); }
+
+ncclResult_t cuda_write(void *ptr, const void *src, size_t n) { return aux_copy(ptr, src, n, ptr, "writing"); }
 
 ncclResult_t cuda_enable_peer(int peer_dev) {
   cudaError_t e = cudaDeviceEnablePeerAccess(peer_dev, 0);
@@ -359,6 +393,10 @@ ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const ch
   return none(func);
 }
 ncclResult_t cuda_enable_peer(int peer_dev) { return none("cudaDeviceEnablePeerAccess"); }
+void cuda_aux_hold(void) {}
+void cuda_aux_release(void) {}
+ncclResult_t cuda_read(void *out, const void *ptr, size_t n) { return none("cudaMemcpy"); }
+ncclResult_t cuda_write(void *ptr, const void *src, size_t n) { return none("cudaMemcpy"); }
 ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) { return none("cudaMemcpy"); }
 ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) { return none(func); }
 #endif

@@ -40,8 +40,17 @@ void cuda_free(void *ptr);
  * cudaMemset is queued on the legacy stream, behind whatever the program
  * has there, and a peer given the memory meanwhile would see it change. */
 ncclResult_t cuda_memset(void *ptr, int value, size_t size);
+/* The auxiliary streams of cuda_memset, cuda_read and cuda_write are kept
+ * while a CUDA communicator holds them (hold at its init, release at its
+ * end). */
+void cuda_aux_hold(void);
+void cuda_aux_release(void);
 /* Reads a counter in device memory, on a stream of its own. */
 ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out);
+/* n bytes from device, mapped or host memory, on the auxiliary stream. */
+ncclResult_t cuda_read(void *out, const void *ptr, size_t n);
+/* n bytes into device, mapped or host memory, the same way. */
+ncclResult_t cuda_write(void *ptr, const void *src, size_t n);
 /* Lets this device's kernels reach the memory of `peer_dev` (in this
  * process); already enabled is fine. */
 ncclResult_t cuda_enable_peer(int peer_dev);

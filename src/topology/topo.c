@@ -343,6 +343,29 @@ static int nic_node(const struct topo_system *t, const char *pci_path, const cha
   return -1;
 }
 
+int topo_gpu_path(const char *busid_a, const char *busid_b) {
+  const struct topo_system *t = NULL;
+  if (!busid_a[0] || !busid_b[0] || topo_get_system(&t) != ncclSuccess)
+    return -1;
+  int a = topo_find_busid(t, busid_a), b = topo_find_busid(t, busid_b);
+  if (a < 0 || b < 0 || t->nodes[a].type != TOPO_GPU || t->nodes[b].type != TOPO_GPU)
+    return -1;
+  return topo_path(t, a, b)->type;
+}
+
+int topo_p2p_default_level(void) {
+  const struct topo_system *t = NULL;
+  if (topo_get_system(&t) != ncclSuccess)
+    return PATH_SYS;
+  for (int i = 0; i < t->n; i++) {
+    const struct topo_node *c = &t->nodes[i];
+    if (c->type == TOPO_CPU &&
+        (strstr(c->vendor, "Intel") || strncmp(c->arch, "aarch64", 7) == 0 || strncmp(c->arch, "arm", 3) == 0))
+      return PATH_PXB;
+  }
+  return PATH_SYS;
+}
+
 void topo_gpu_nic_facts(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,
                         int *nvlink) {
   const struct topo_system *t = NULL;

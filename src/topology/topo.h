@@ -39,6 +39,15 @@ int topo_default_channels(int gpu);
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
 
+/* comm->gpu_path for the p2p transport: the path between two GPUs of this
+ * host by PCI bus id, -1 where the topology does not place both. */
+int topo_gpu_path(const char *busid_a, const char *busid_b);
+
+/* The farthest path over which GPUs write into each other's memory when
+ * NCCL_P2P_LEVEL is not set: as NCCL, PXB on Intel and ARM hosts (their
+ * PCIe peer-to-peer through the CPU is slow or absent), SYS elsewhere. */
+int topo_p2p_default_level(void);
+
 /* comm->gpu_nic_facts for the net transport (comm/comm.h says what it
  * answers), from this host's topology. */
 void topo_gpu_nic_facts(int gpu, const char *nic_pci_path, const char *nic_name, int nic_port, int *distance,

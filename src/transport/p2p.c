@@ -13,11 +13,24 @@
 #include "misc/utils.h"
 #include "transport/transport.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define P2P_CTRL_BYTES 4096
+
+/* The page at the start of each side's memory: the counter the peer
+ * writes, and where the peer says it failed and why (as shm's control
+ * page does), read by this side's checks. */
+struct p2p_ctrl {
+  uint64_t counter; /* tail (receiver's page) or head (sender's) */
+  uint64_t pad[7];
+  uint32_t failed;
+  char why[LOOM_ERR_LEN];
+};
+_Static_assert(sizeof(struct p2p_ctrl) <= P2P_CTRL_BYTES, "p2p control page too small");
 
 struct p2p_info {
   char handle[CUDA_IPC_HANDLE_BYTES];
@@ -33,13 +46,25 @@ struct p2p_priv {
   int remote_ipc;   /* it was opened through IPC and must be closed */
 };
 
+/* Decided from what both ranks know alike where possible, since each side
+ * chooses its transport alone: the topology's path between the two GPUs
+ * against the stricter of the two ranks' NCCL_P2P_LEVEL. A peer GPU this
+ * process cannot see (CUDA_VISIBLE_DEVICES per process, as Slurm sets
+ * it) is still reached through CUDA IPC, as NCCL does, when the topology
+ * places it; one it sees must also pass CUDA's own peer check. */
 static int p2p_can_connect(struct ncclComm *comm, int peer) {
 #if LOOM_HAVE_CUDA
   const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[peer];
   if (comm->is_host || me->host_hash != p->host_hash || me->p2p_disabled || p->p2p_disabled || !p->busid[0])
     return 0;
+  int path = comm->gpu_path ? comm->gpu_path(me->busid, p->busid) : -1;
+  int level = me->p2p_level < p->p2p_level ? me->p2p_level : p->p2p_level;
+  if (path >= 0 && path > level)
+    return 0;
   int dev = cuda_device_of_bus_id(p->busid);
-  return dev >= 0 && cuda_can_access_peer(comm->cuda_dev, dev);
+  if (dev >= 0)
+    return cuda_can_access_peer(comm->cuda_dev, dev);
+  return path >= 0;
 #else
   return 0;
 #endif
@@ -111,7 +136,36 @@ static int p2p_flushed(struct conn *c) {
   return cuda_read_u64(c->dev.head, &head) != ncclSuccess || head >= c->step;
 }
 
-static ncclResult_t p2p_check(struct conn *c) { return comm_peer_alive(c->comm, c->peer); }
+static ncclResult_t p2p_check(struct conn *c) {
+  struct p2p_priv *pp = c->priv;
+  uint32_t failed = 0;
+  if (pp && pp->local &&
+      cuda_read(&failed, (char *)pp->local + offsetof(struct p2p_ctrl, failed), sizeof failed) == ncclSuccess &&
+      failed) {
+    char why[LOOM_ERR_LEN];
+    if (cuda_read(why, (char *)pp->local + offsetof(struct p2p_ctrl, why), sizeof why) != ncclSuccess)
+      why[0] = '\0';
+    why[sizeof why - 1] = '\0';
+    return transport_peer_failed(c, why);
+  }
+  return comm_peer_alive(c->comm, c->peer);
+}
+
+/* Tells the peer, in its own memory, that this side failed. Only through
+ * IPC: a rank of this process frees that memory with its communicator,
+ * which it may have destroyed already, while an IPC mapping holds it. */
+static void p2p_poison(struct conn *c, const char *why) {
+  struct p2p_priv *pp = c->priv;
+  if (!pp || !pp->remote_ipc)
+    return;
+  char *page = pp->remote;
+  char text[LOOM_ERR_LEN];
+  snprintf(text, sizeof text, "%s", why ? why : "");
+  uint32_t one = 1;
+  /* The sentence first: the word says it is there. */
+  if (cuda_write(page + offsetof(struct p2p_ctrl, why), text, strlen(text) + 1) == ncclSuccess)
+    cuda_write(page + offsetof(struct p2p_ctrl, failed), &one, sizeof one);
+}
 
 static void p2p_free(struct conn *c) {
   struct p2p_priv *pp = c->priv;
@@ -135,6 +189,6 @@ const struct transport transport_p2p = {
     .failed = transport_no_failure,
     .activity = transport_no_activity,
     .conn_name = transport_plain_name,
-    .poison = transport_no_poison,
+    .poison = p2p_poison,
     .free = p2p_free,
 };

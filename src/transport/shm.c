@@ -405,13 +405,7 @@ static ncclResult_t shm_check(struct conn *c) {
   struct shm_ctrl *ctrl = sp ? sp->map : NULL;
   if (ctrl && atomic_load(&ctrl->failed[!c->dir])) {
     const char *why = ctrl->why[!c->dir];
-    if (memchr(why, '\0', LOOM_ERR_LEN) && why[0] != '\0')
-      return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %s)", c->peer,
-                     c->comm->peers[c->peer].hostname, why);
-    char note[512];
-    comm_note_exited(c->comm, note, sizeof note);
-    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", c->peer,
-                   c->comm->peers[c->peer].hostname, note);
+    return transport_peer_failed(c, memchr(why, '\0', LOOM_ERR_LEN) ? why : NULL);
   }
   return comm_peer_alive(c->comm, c->peer);
 }

@@ -247,6 +247,16 @@ void transport_poison_conns(struct ncclComm *comm, const char *why) {
   transport_each_conn(comm, poison_conn, (void *)why);
 }
 
+ncclResult_t transport_peer_failed(struct conn *c, const char *why) {
+  if (why && why[0] != '\0')
+    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %s)", c->peer,
+                   c->comm->peers[c->peer].hostname, why);
+  char note[512];
+  comm_note_exited(c->comm, -1, note, sizeof note);
+  return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", c->peer,
+                 c->comm->peers[c->peer].hostname, note);
+}
+
 static void add_activity(struct conn *c, void *sum) {
   if (c->tr)
     *(uint64_t *)sum += transport_activity(c);

@@ -169,6 +169,9 @@ void transport_each_conn(struct ncclComm *comm, void (*fn)(struct conn *, void *
  * sentence `why` (NULL: an abort); comm_set_error calls it through
  * comm->poison_conns. */
 void transport_poison_conns(struct ncclComm *comm, const char *why);
+/* The error of a connection whose peer said it failed (poisoned it),
+ * quoting the peer's sentence `why` when there is one. */
+ncclResult_t transport_peer_failed(struct conn *c, const char *why);
 
 /* The sum of the activity counts of every connection of `comm`: a wait
  * that sees it change is not stalled, though no slot has moved. */

@@ -21,6 +21,12 @@ void cuda_comm_fini(struct ncclComm *comm, int abort);
 /* Waits for the communicator's kernels and lets their network sends
  * leave; the communicator's asynchronous error. */
 ncclResult_t cuda_comm_finalize(struct ncclComm *comm);
+/* Makes what a kernel reported (a mismatch) the communicator's error, if
+ * nobody has yet: any thread may call it. */
+void cuda_comm_poll(struct ncclComm *comm);
+/* Stops the kernels and the proxy thread (ncclCommAbort), leaving the
+ * connections to the caller's thread. */
+void cuda_comm_stop(struct ncclComm *comm);
 /* Packs the lanes' works into a launch, allocating what it needs: done for
  * every communicator of a group before the group's first launch, since an
  * allocation may wait for kernels already running. */
@@ -33,6 +39,8 @@ static inline ncclResult_t cuda_comm_init(struct ncclComm *comm) {
 }
 static inline void cuda_comm_fini(struct ncclComm *comm, int abort) {}
 static inline ncclResult_t cuda_comm_finalize(struct ncclComm *comm) { return ncclSuccess; }
+static inline void cuda_comm_poll(struct ncclComm *comm) {}
+static inline void cuda_comm_stop(struct ncclComm *comm) {}
 static inline ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   return err_set(ncclInternalError, "this build of Loom has no CUDA");
 }

@@ -239,7 +239,21 @@ __device__ void reduce_any(const struct red_op &op, void *dst, void *dst2, const
 #ifdef LOOM_CUDA_EMU /* the kernel's code on the CPU (emu/cuda_emu.h) */
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) { return emu_load_acquire(p); }
 __device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) { emu_store_release(p, v); }
+/* The status words the host's proxy thread shares with the kernel. */
+template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return emu_volatile_load(p); }
+template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { emu_volatile_store(p, v); }
+template <typename T> __device__ __forceinline__ void status_publish(volatile T *p, T v) { emu_volatile_publish(p, v); }
+__device__ __forceinline__ void status_bump(volatile uint64_t *p) { emu_volatile_add(p, (uint64_t)1); }
 #else
+template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return *p; }
+template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { *p = v; }
+/* What this thread wrote before is visible to the host before v is. */
+template <typename T> __device__ __forceinline__ void status_publish(volatile T *p, T v) {
+  __threadfence_system();
+  *p = v;
+}
+/* Several blocks bump it: a lost count is harmless (a sign of life). */
+__device__ __forceinline__ void status_bump(volatile uint64_t *p) { *p = *p + 1; }
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -251,7 +265,7 @@ __device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) {
 }
 #endif
 
-__device__ __forceinline__ bool aborted(const struct dev_status *st) { return *(volatile const int32_t *)&st->abort; }
+__device__ __forceinline__ bool aborted(const struct dev_status *st) { return status_load(&st->abort) != 0; }
 
 /* Spins until `*p` (a counter the peer advances) reaches `want`; false if
  * the communicator is aborted meanwhile. */
@@ -293,11 +307,10 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
       st->got = *got;
     if (want)
       st->want = *want;
-    __threadfence_system();
-    st->error = err;
+    status_publish(&st->error, err);
   }
   __threadfence_system();
-  st->abort = 1;
+  status_store(&st->abort, (int32_t)1);
   __threadfence_system();
 }
 
@@ -427,7 +440,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
           }
           if (recv)
             store_release(rc->head, ++rstep[st.ri]);
-          status->progress = status->progress + 1;
+          status_bump(&status->progress);
         }
       }
     }

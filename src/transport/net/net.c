@@ -490,9 +490,15 @@ static ncclResult_t net_progress(struct conn *c) {
   struct net_priv *np = c->priv;
   if (np->error != ncclSuccess)
     return ncclSuccess;
-  ncclResult_t r = np->comm == NULL ? err_set(ncclRemoteError, "the connection is closed")
-                   : c->dir == CONN_SEND ? send_progress(c, np)
-                                         : recv_progress(c, np);
+  if (np->comm == NULL) {
+    /* Poisoned here: this rank's own failure, whose sentence it has; the
+     * peer is not to blame (nor waited for to say whether it lives). */
+    np->error = ncclRemoteError;
+    snprintf(np->why, sizeof np->why, "the connection with rank %d was closed after this rank failed or was aborted",
+             c->peer);
+    return ncclSuccess;
+  }
+  ncclResult_t r = c->dir == CONN_SEND ? send_progress(c, np) : recv_progress(c, np);
   if (r != ncclSuccess) {
     context(c);
     np->error = r;
@@ -502,7 +508,7 @@ static ncclResult_t net_progress(struct conn *c) {
      * failure is first seen. */
     char peer[160], note[512];
     comm_note_peer(c->comm, c->peer, peer, sizeof peer);
-    comm_note_exited(c->comm, note, sizeof note);
+    comm_note_exited(c->comm, -1, note, sizeof note);
     if (strstr(note, peer + 2)) /* "; " off: the exited list names it already */
       peer[0] = '\0';
     snprintf(np->why, sizeof np->why, "%s%s%s", err_thread_last(), peer, note);

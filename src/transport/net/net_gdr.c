@@ -25,27 +25,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-ncclResult_t gdr_parse_level(const char *v, int *level) {
-  /* By path name, or by NCCL's legacy number (its index here; as NCCL,
-   * anything above 4 is SYS). */
-  static const int levels[] = {PATH_LOC, PATH_PIX, PATH_PXB, PATH_PHB, PATH_SYS};
-  const size_t nlevels = sizeof levels / sizeof levels[0];
-  for (size_t i = 0; i < nlevels; i++)
-    if (strcasecmp(v, path_type_name(levels[i])) == 0) {
-      *level = levels[i];
-      return ncclSuccess;
-    }
-  size_t n = strlen(v);
-  if (n > 0 && n <= 9 && strspn(v, "0123456789") == n) {
-    long k = strtol(v, NULL, 10);
-    *level = levels[k >= (long)nlevels ? nlevels - 1 : (size_t)k];
-    return ncclSuccess;
-  }
-  return err_set(ncclInvalidArgument,
-                 "NCCL_NET_GDR_LEVEL=%s: expected LOC, PIX, PXB, PHB, SYS or NCCL's legacy numbers 0-4 (larger "
-                 "numbers are SYS)",
-                 v);
-}
+ncclResult_t gdr_parse_level(const char *v, int *level) { return path_parse_level("NCCL_NET_GDR_LEVEL", v, 0, level); }
 
 ncclResult_t gdr_env_level(int *level) {
   *level = PATH_PXB;

@@ -56,7 +56,8 @@ namespace {
 /* ---- configuration ------------------------------------------------------ */
 
 struct config {
-  int devices = 2;
+  int devices = 2; /* visible ones, after CUDA_VISIBLE_DEVICES */
+  int physical[16]; /* a visible device's index among LOOM_EMU_DEVICES */
   unsigned threads = 32;
   unsigned resident = 64;
   uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -105,6 +106,25 @@ void config_read() {
     else
       g_cfg.seed = x;
   }
+  /* CUDA_VISIBLE_DEVICES as CUDA reads it: indices, up to the first that
+   * is not one (UUIDs and MIG names are not emulated). */
+  int n = 0;
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  for (const char *p = vis; p && n < 16;) {
+    char *end;
+    errno = 0;
+    long d = strtol(p, &end, 10);
+    if (end == p || errno || d < 0 || d >= g_cfg.devices || (*end != ',' && *end != '\0'))
+      break;
+    g_cfg.physical[n++] = (int)d;
+    if (*end == '\0')
+      break;
+    p = end + 1;
+  }
+  if (!vis)
+    for (n = 0; n < g_cfg.devices; n++)
+      g_cfg.physical[n] = n;
+  g_cfg.devices = n;
 }
 
 /* ---- process state ------------------------------------------------------- */
@@ -218,6 +238,7 @@ struct stream {
   std::deque<op> q;
   uint64_t enq = 0, done = 0;
   pthread_t th;
+  bool joined = false; /* cudaStreamDestroy waits for the thread's end */
 };
 
 std::vector<stream *> g_streams; /* under g_mu */
@@ -273,8 +294,11 @@ void *stream_main(void *p) {
     std::lock_guard<std::mutex> l(s->mu);
     s->done++;
     s->cv.notify_all();
-    if (o.kind == OP_STOP)
+    if (o.kind == OP_STOP) {
+      if (!s->joined)
+        pthread_detach(pthread_self());
       return nullptr;
+    }
   }
 }
 
@@ -287,7 +311,6 @@ stream *stream_new(int dev, bool legacy, bool blocking) {
     fprintf(stderr, "loom emu: cannot start a stream's thread\n");
     abort();
   }
-  pthread_detach(s->th);
   g_started.store(true);
   std::lock_guard<std::mutex> l(g_mu);
   g_streams.push_back(s);
@@ -315,7 +338,8 @@ stream *resolve(cudaStream_t h) {
 /* Queues o on s behind what the legacy stream rule says it waits for;
  * returns the count at which it is done. */
 uint64_t enqueue(stream *s, op o) {
-  {
+  /* The end of a stream waits for its own queue only. */
+  if (o.kind != OP_STOP) {
     std::lock_guard<std::mutex> l(g_mu);
     for (const dep &d : g_barrier)
       if (d.s != s)
@@ -429,6 +453,8 @@ int emu_launch(void *h, unsigned blocks, emu_kernel_fn kernel, const void *arg) 
 cudaError_t cudaGetDeviceCount(int *n) {
   ENTER();
   *n = g_cfg.devices;
+  if (g_cfg.devices == 0)
+    return ret(cudaErrorNoDevice);
   return cudaSuccess;
 }
 
@@ -450,7 +476,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int dev) {
   ENTER();
   if (dev < 0 || dev >= g_cfg.devices)
     return ret(cudaErrorInvalidDevice);
-  snprintf(id, (size_t)len, "0000:%02X:00.0", 0x40 + dev);
+  snprintf(id, (size_t)len, "0000:%02X:00.0", 0x40 + g_cfg.physical[dev]);
   return cudaSuccess;
 }
 
@@ -458,7 +484,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *id) {
   ENTER();
   for (int d = 0; d < g_cfg.devices; d++) {
     char mine[32];
-    snprintf(mine, sizeof mine, "0000:%02X:00.0", 0x40 + d);
+    snprintf(mine, sizeof mine, "0000:%02X:00.0", 0x40 + g_cfg.physical[d]);
     if (strcasecmp(mine, id) == 0) {
       *dev = d;
       return cudaSuccess;
@@ -771,9 +797,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t h) {
   stream *s = resolve(h);
   if (s->legacy)
     return ret(cudaErrorInvalidResourceHandle);
+  /* Its work still runs, as CUDA's does; an idle stream's thread is gone
+   * when this returns, so that counting a process's threads after it
+   * sees a steady number. */
+  {
+    std::lock_guard<std::mutex> l(s->mu);
+    s->joined = s->q.empty() && s->done == s->enq;
+  }
+  bool join = s->joined;
   op o;
   o.kind = OP_STOP;
-  enqueue(s, std::move(o)); /* its work still runs, as CUDA's does */
+  enqueue(s, std::move(o));
+  if (join)
+    pthread_join(s->th, nullptr);
   return cudaSuccess;
 }
 
