@@ -21,6 +21,7 @@
 #include "group.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "plan.h"
 #include "topology/topo.h"
 #include "status.h"
 #include "transport/net/net.h"
@@ -94,6 +95,24 @@ ncclResult_t comm_alloc(struct ncclComm **out) {
   c->gpu_path = topo_gpu_path;
   *out = c;
   return ncclSuccess;
+}
+
+/* A CUDA communicator allocates its collectives' FIFOs in init, and its
+ * ranks leave init together: CUDA does not start a kernel while an
+ * allocation issued after an earlier kernel is pending, so a rank
+ * allocating at its first call while a peer's first kernel already runs
+ * could keep its own kernel from starting, which that peer's kernel waits
+ * for (ranks as threads of one process, sharing a device). */
+static ncclResult_t connect_cuda(struct ncclComm *comm) {
+  if (comm->nranks == 1)
+    return ncclSuccess;
+  CHECK(plan_connect_collectives(comm));
+  CHECK(transport_connect_pending(&comm, 1));
+  int32_t *all;
+  CHECK(UTIL_CALLOC(&all, comm->nranks, "the end of init"));
+  ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
+  free(all);
+  return r;
 }
 
 static ncclResult_t check_peers(struct ncclComm *comm) {
@@ -242,8 +261,10 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   me->p2p_level = topo_p2p_default_level();
   if (param_is_set(P_P2P_LEVEL))
     CHECK(path_parse_level("NCCL_P2P_LEVEL", param_str(P_P2P_LEVEL), 1, &me->p2p_level));
-  if (!comm->is_host)
+  if (!comm->is_host) {
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
+    CHECK(cuda_device_lanes(&me->max_lanes));
+  }
   me->nchannels_wanted = want;
   me->numa = topo_current_numa();
   cpu_set_t cpus;
@@ -263,8 +284,10 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   open_pidfds(comm);
   CHECK(topo_setup_channels(comm));
   CHECK(tune_setup(comm));
-  if (!comm->is_host)
+  if (!comm->is_host) {
     CHECK(cuda_comm_init(comm));
+    CHECK(connect_cuda(comm));
+  }
   status_comm_add(comm);
   if (comm->is_host)
     INFO(LOG_INIT, "comm %p rank %d nranks %d host communicator, %d channel(s), buffsize %zu - Init COMPLETE",

@@ -200,7 +200,7 @@ static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq) {
  * choosing differently for different calls) then still meet on
  * connections, where the slot headers name the disagreement, instead of
  * each waiting for the other's connection setup. */
-static ncclResult_t connect_collectives(struct ncclComm *comm) {
+ncclResult_t plan_connect_collectives(struct ncclComm *comm) {
   struct conn *c;
   for (int ch = 0; ch < comm->nchannels; ch++) {
     const struct channel *x = &comm->channels[ch];
@@ -294,7 +294,7 @@ static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_
   if (comm->nranks == 1)
     return plan_ring(p, t, seq, 1);
   if (!comm->coll_conns)
-    CHECK(connect_collectives(comm));
+    CHECK(plan_connect_collectives(comm));
   int algo, nch;
   CHECK(plan_pick_algo(comm, t, &algo, &nch));
   return plan_algo(p, t, seq, algo, nch);

@@ -34,6 +34,11 @@ void plan_work_free(struct work *w);
  * copying its sends to itself. */
 ncclResult_t plan_comm(struct comm_plan *p);
 
+/* Creates (not yet connected) the connections of every collective
+ * algorithm: the first collective does it, a CUDA communicator's init
+ * earlier (init.c says why). */
+ncclResult_t plan_connect_collectives(struct ncclComm *comm);
+
 /* No buffer can be larger: 2^57 bytes is above the user address space of
  * every platform (x86-64 with 5-level paging has 2^56, arm64 at most
  * 2^52). Addresses themselves are only checked for wrapping around: a

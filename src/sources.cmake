@@ -30,6 +30,6 @@ set(LOOM_SOURCES
   # the API floor
   src/init.c src/collectives.c src/group.c src/shrink.c src/comm_api.c src/async.c src/enqueue.c src/plan.c
   src/call_check.c src/status.c src/status_page.c)
-set(LOOM_CUDA_SOURCES src/exec/cuda/cuda_exec.c src/exec/cuda/kernel.cu)
+set(LOOM_CUDA_SOURCES src/exec/cuda/cuda_exec.c src/exec/cuda/cuda_launch.c src/exec/cuda/kernel.cu)
 list(TRANSFORM LOOM_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)
 list(TRANSFORM LOOM_CUDA_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)

@@ -7,14 +7,15 @@
 #include "sanitizer.h"
 
 #include <dirent.h>
-#include <pthread.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -218,6 +219,59 @@ int wait_ranks(int nranks, pid_t *pids) {
               strsignal(WTERMSIG(st)));
   }
   return failed;
+}
+
+struct rank_thread {
+  pthread_t th;
+  int rank, nranks, rc;
+  ncclUniqueId id;
+  rank_fn fn;
+  void *arg;
+};
+
+static void *rank_thread_main(void *p) {
+  struct rank_thread *t = p;
+  t->rc = t->fn(t->rank, t->nranks, t->id, t->arg);
+  return NULL;
+}
+
+int run_rank_threads(int nranks, rank_fn fn, void *arg) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    return 1;
+  }
+  if (pid == 0) {
+    /* Gone with the test, should the runner kill it for a hang. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct rank_thread *t = calloc((size_t)nranks, sizeof *t);
+    ncclUniqueId id;
+    if (!t || ncclGetUniqueId(&id) != ncclSuccess) {
+      fprintf(stderr, "run_rank_threads: no memory or no unique id: %s\n", ncclGetLastError(NULL));
+      _exit(1);
+    }
+    for (int r = 0; r < nranks; r++) {
+      t[r] = (struct rank_thread){.rank = r, .nranks = nranks, .id = id, .fn = fn, .arg = arg};
+      if (pthread_create(&t[r].th, NULL, rank_thread_main, &t[r]) != 0) {
+        fprintf(stderr, "run_rank_threads: cannot start rank %d's thread\n", r);
+        _exit(1);
+      }
+    }
+    int failed = 0;
+    for (int r = 0; r < nranks; r++) {
+      pthread_join(t[r].th, NULL);
+      if (t[r].rc != 0) {
+        fprintf(stderr, "rank %d (a thread) returned %d\n", r, t[r].rc);
+        failed = 1;
+      }
+    }
+    fflush(stdout);
+    fflush(stderr);
+    _exit(failed);
+  }
+  return wait_ranks(1, &pid);
 }
 
 int run_ranks(int nranks, rank_fn fn, void *arg) {

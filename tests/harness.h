@@ -21,6 +21,12 @@ void harness_set_rank_setup(int (*setup)(int rank, void *arg));
 /* Runs fn in nranks processes; 0 if every rank returned 0. */
 int run_ranks(int nranks, rank_fn fn, void *arg);
 
+/* Runs fn for nranks ranks as threads of one process (forked from the
+ * test, so that CUDA starts there and not in the test's process); 0 if
+ * every rank returned 0. Rank functions must then use no process-wide
+ * state: their own stream, no environment changes. */
+int run_rank_threads(int nranks, rank_fn fn, void *arg);
+
 /* Like run_ranks, but lets the caller watch the ranks: `pids` gets their
  * pids and `events` (if not NULL) the read end of a pipe that ranks write
  * to with rank_signal(). Call wait_ranks to collect them. */

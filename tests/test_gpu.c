@@ -5,6 +5,7 @@
  * device, device-resident PreMulSum scalars, and host pointers refused.
  * Without a device every test skips with "no CUDA device".
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,65 @@ TEST_IMPL(gpu_init_all_shared) {
   return 0;
 }
 
+/* Ranks as threads of one process on one GPU: their kernels run at once,
+ * each rank on a stream of its own, as they would not as processes
+ * without MPS (time slices). The test's buffers are all allocated before
+ * the first call (docs/launching.md says why). */
+struct threads_test {
+  pthread_barrier_t ready;
+};
+
+static int thread_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  struct threads_test *tt = arg;
+  enum { N = 200003, ROUNDS = 3 };
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *d, *g, *h = malloc(sizeof *h * N * (size_t)n);
+  RASSERT(h, "out of memory");
+  CUDA_OK(cudaMalloc((void **)&d, sizeof *d * N));
+  CUDA_OK(cudaMalloc((void **)&g, sizeof *g * N * (size_t)n));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  pthread_barrier_wait(&tt->ready);
+  for (int round = 0; round < ROUNDS; round++) {
+    for (int i = 0; i < N; i++)
+      h[i] = (float)(rank + round + i % 11);
+    CUDA_OK(cudaMemcpyAsync(d, h, sizeof *h * N, cudaMemcpyHostToDevice, s));
+    RCHECK(comm, ncclAllGather(d, g, N, ncclFloat, comm, s));
+    RCHECK(comm, ncclAllReduce(d, d, N, ncclFloat, ncclSum, comm, s));
+    CUDA_OK(cudaMemcpyAsync(h, d, sizeof *h * N, cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int i = 0; i < N; i++)
+      RASSERT(h[i] == (float)(n * (n - 1) / 2 + n * (round + i % 11)), "rank %d round %d: sum %d is %g", rank, round,
+              i, h[i]);
+    CUDA_OK(cudaMemcpyAsync(h, g, sizeof *h * N * (size_t)n, cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < N; i++)
+        RASSERT(h[(size_t)r * N + i] == (float)(r + round + i % 11), "rank %d round %d: gathered %d of rank %d is %g",
+                rank, round, i, r, h[(size_t)r * N + i]);
+  }
+  RCHECK(comm, ncclCommDestroy(comm));
+  cudaFree(d);
+  cudaFree(g);
+  cudaStreamDestroy(s);
+  free(h);
+  return 0;
+}
+
+static int threads_run(int n) {
+  NEED_GPU();
+  struct threads_test tt;
+  pthread_barrier_init(&tt.ready, NULL, (unsigned)n);
+  int rc = run_rank_threads(n, thread_rank, &tt);
+  pthread_barrier_destroy(&tt.ready);
+  return rc;
+}
+
+TEST_IMPL(gpu_threads_2) { return threads_run(2); }
+TEST_IMPL(gpu_threads_4) { return threads_run(4); }
+
 /* ncclScalarDevice: the kernel reads the scalar when the collective runs,
  * so a change queued on the stream before the call is seen. */
 static int scalar_rank(int rank, int n, ncclUniqueId id, void *arg) {
@@ -219,5 +279,7 @@ NO_CUDA(gpu_host_pointer)
 NO_CUDA(gpu_init_all_shared)
 NO_CUDA(gpu_premulsum_device_scalar)
 NO_CUDA(gpu_mismatch)
+NO_CUDA(gpu_threads_2)
+NO_CUDA(gpu_threads_4)
 
 #endif

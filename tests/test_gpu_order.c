@@ -110,13 +110,14 @@ static int streams_rank(int rank, int n, ncclUniqueId id, void *arg) {
   for (int i = 0; i < N; i++)
     h[i] = (float)(10 * (rank + 1));
   CUDA_OK(cudaMemcpy(b, h, N * 4, cudaMemcpyHostToDevice));
-  /* Connected, and two launches' memory allocated, first: setting up a
-   * FIFO waits for its memset, and an allocation orders every later
-   * command after all earlier ones (CUDA's implicit synchronisation),
-   * which would order the two kernels whatever Loom does. */
+  /* Both launches' paths warmed first, so that nothing Loom sets up on
+   * the way (an allocation orders every later command after all earlier
+   * ones: CUDA's implicit synchronisation) orders the two kernels whatever
+   * Loom does. The memset on s1, which the non-blocking streams do not
+   * order after the legacy stream. */
   float *warm;
   CUDA_OK(cudaMalloc((void **)&warm, 4 * 1024));
-  CUDA_OK(cudaMemset(warm, 0, 4 * 1024));
+  CUDA_OK(cudaMemsetAsync(warm, 0, 4 * 1024, s1));
   RCHECK(comm, ncclAllReduce(warm, warm, 1024, ncclFloat, ncclSum, comm, s1));
   RCHECK(comm, ncclAllReduce(warm, warm, 1024, ncclFloat, ncclSum, comm, s2));
   CUDA_OK(cudaStreamSynchronize(s1));
@@ -217,8 +218,42 @@ TEST_IMPL(gpu_group_grows) {
   return 0;
 }
 
+/* A group whose point-to-point rounds cannot run within what the device
+ * holds at once is refused with a sentence on every rank instead of
+ * hanging. Only the emulation makes a device that small. */
+#if LOOM_TEST_EMU
+static int lanes_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float *b = tbuf_alloc(comm, sizeof *b * 16 * (size_t)n);
+  RASSERT(b, "no buffer");
+  RCHECK(comm, ncclGroupStart());
+  for (int p = 0; p < n; p++) {
+    RCHECK(comm, ncclSend(b + 16 * p, 16, ncclFloat, p, comm, NULL));
+    RCHECK(comm, ncclRecv(b + 16 * p, 16, ncclFloat, p, comm, NULL));
+  }
+  ncclResult_t r = ncclGroupEnd();
+  RASSERT(r == ncclInvalidUsage && strstr(ncclGetLastError(comm), "split the group"), "rank %d: %d: %s", rank, (int)r,
+          ncclGetLastError(comm));
+  RCHECK(NULL, ncclCommDestroy(comm));
+  tbuf_free(b);
+  return 0;
+}
+#endif
+
+TEST_IMPL(gpu_lanes_refused) {
+#if LOOM_TEST_EMU
+  NEED_GPU();
+  setenv("LOOM_EMU_RESIDENT", "1", 1);
+  return run_ranks(3, lanes_rank, NULL);
+#else
+  SKIP("needs the emulation, whose device can be made to hold a single block");
+#endif
+}
+
 #else
 
+NO_CUDA(gpu_lanes_refused)
 NO_CUDA(gpu_self_in_order)
 NO_CUDA(gpu_two_streams)
 NO_CUDA(gpu_capture_refused)

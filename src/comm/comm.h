@@ -35,6 +35,7 @@ struct peer_info {
   int32_t nchannels_wanted;
   int32_t p2p_disabled;
   int32_t p2p_level; /* NCCL_P2P_LEVEL, or the topology's default: the farthest path p2p takes */
+  int32_t max_lanes; /* blocks of the kernel the rank's device holds at once; 0 on host communicators */
   char busid[16]; /* PCI bus id of the rank's GPU, "" on host communicators */
   int32_t numa;   /* the NUMA node the rank runs on */
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */

@@ -15,6 +15,7 @@
  */
 #include "core.h"
 #include "comm/comm.h"
+#include "exec/cuda/cuda_comm.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/cuda/dev.h"
 #include "exec/slot.h"
@@ -29,99 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_ARENAS 8
-/* Collectives of recent launches whose headers the proxy compares. */
-#define MAX_RECENT 64
-
-/* What a peer's slot for the collective numbered `seq` must say. */
-struct expected {
-  uint64_t seq;
-  struct slot_hdr want;
-};
-
-struct arena {
-  void *host, *dev;
-  size_t cap;
-  cudaEvent_t done;
-  int used;
-  /* For the proxy's sentences, under recent_lock: which launch this is,
-   * the header of its first work, and how many works of other calls. */
-  uint64_t launch_no;
-  struct slot_hdr first;
-  uint32_t others;
-};
-
-/* Arena memory outgrown: freed with the communicator, never before, since
- * cudaFree waits for every kernel of the device, and one of them may wait
- * for a launch this process has yet to make. */
-struct retired {
-  void *host, *dev;
-  struct retired *next;
-};
-
-struct cuda_comm {
-  struct ncclComm *comm;
-  struct dev_status *status, *status_dev;
-  struct arena arenas[MAX_ARENAS];
-  int narenas, next_arena;
-  struct retired *retired;
-  /* What cuda_prepare packed and cuda_launch starts. */
-  struct arena *ready;
-  size_t ready_size, ready_works, ready_tmpl;
-  uint32_t ready_lanes;
-  cudaEvent_t last; /* recorded after every launch */
-  void *last_stream;
-  _Atomic int launched; /* set by launches, read by the proxy */
-  unsigned max_lanes; /* resident at once on the device */
-  /* Set by finalize: the proxy reports when every connection's sends have
-   * left (drained), or why they cannot. */
-  _Atomic int draining, drained;
-  /* Connections the proxy watches; appended by the launching thread,
-   * read by the proxy up to the published count. */
-  struct conn **watch;
-  int watch_cap;
-  _Atomic int nwatch;
-  /* The collective connections this rank receives on, published like
-   * `watch`, and the headers recent launches expect: a peer that called
-   * another collective may write where this rank's kernel never reads,
-   * which only the proxy can see. */
-  struct conn **crecv;
-  int crecv_cap;
-  _Atomic int ncrecv;
-  pthread_mutex_t recent_lock;
-  struct expected recent[MAX_RECENT];
-  uint64_t nrecent;
-  uint64_t nlaunches;
-  struct slot_hdr ready_first; /* cuda_prepare's first work, for its arena */
-  uint32_t ready_others;       /* its works of other calls */
-  pthread_t proxy;
-  int proxy_started;
-  _Atomic int stop;
-  /* A kernel's mismatch report becomes the error once, whichever thread
-   * sees it first (the proxy, or the caller's next call or query). */
-  _Atomic int kernel_reported;
-  /* The connections the proxy moves are poisoned on its thread only (a
-   * network connection's plugin comm is closed by poisoning, and must not
-   * be while the proxy is inside it): another thread asks. */
-  _Atomic int poison_asked;
-  /* LOOM_TIMEOUT, read at init: the proxy thread never reads the
-   * environment, which the program may be changing meanwhile (setenv
-   * beside getenv can crash). */
-  int64_t timeout_s;
-  int ignore_affinity; /* NCCL_IGNORE_CPU_AFFINITY, for the same reason */
-};
-
-static ncclResult_t cuda_fail(cudaError_t e, const char *what) {
-  return err_set(ncclUnhandledCudaError, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
-#define CUDA_TRY(call, what)            \
-  do {                                  \
-    cudaError_t cuda_try_e_ = (call);   \
-    if (cuda_try_e_ != cudaSuccess)     \
-      return cuda_fail(cuda_try_e_, what); \
-  } while (0)
 
 /* ---- the proxy ---------------------------------------------------------- */
 
@@ -353,15 +261,20 @@ ncclResult_t cuda_comm_init(struct ncclComm *comm) {
   CHECK(UTIL_CALLOC(&cc->crecv, cc->crecv_cap, "collective connections"));
   pthread_mutex_init(&cc->recent_lock, NULL);
   cc->timeout_s = timeout_seconds();
-  int e = cuda_kernel_max_lanes(&cc->max_lanes);
-  if (e != cudaSuccess)
-    return cuda_fail((cudaError_t)e, "asking how many blocks of the kernel the device holds at once");
+  cc->max_lanes = (unsigned)comm->peers[comm->rank].max_lanes;
+  for (int r = 0; r < comm->nranks; r++)
+    cc->max_lanes = LOOM_MIN(cc->max_lanes, (unsigned)comm->peers[r].max_lanes);
   cc->ignore_affinity = (int)param_int(P_IGNORE_CPU_AFFINITY);
   int rc = pthread_create(&cc->proxy, NULL, proxy_main, cc);
   if (rc != 0)
     return err_set(ncclSystemError, "cannot start the proxy thread of rank %d: %s", comm->rank, strerror(rc));
   cc->proxy_started = 1;
   comm->poison_conns = cuda_poison_conns;
+  /* The launches' memory now, not while a peer's kernel may run (init.c's
+   * connect_cuda says why). */
+  struct arena *a;
+  for (int i = 0; i < CUDA_ARENAS; i++)
+    CHECK(cuda_arena_add(cc, 65536, &a));
   return ncclSuccess;
 }
 
@@ -385,6 +298,15 @@ static void stop_proxy(struct cuda_comm *cc, int abort) {
 void cuda_comm_stop(struct ncclComm *comm) {
   if (comm->cuda && comm->cuda->status)
     stop_proxy(comm->cuda, 1);
+}
+
+ncclResult_t cuda_device_lanes(int32_t *lanes) {
+  unsigned n = 0;
+  int e = cuda_kernel_max_lanes(&n);
+  if (e != cudaSuccess)
+    return cuda_fail((cudaError_t)e, "asking how many blocks of the kernel the device holds at once");
+  *lanes = (int32_t)n;
+  return ncclSuccess;
 }
 
 ncclResult_t cuda_comm_finalize(struct ncclComm *comm) {
@@ -439,247 +361,3 @@ void cuda_comm_fini(struct ncclComm *comm, int abort) {
   comm->cuda = NULL;
 }
 
-/* ---- launching ---------------------------------------------------------- */
-
-static ncclResult_t get_arena(struct cuda_comm *cc, size_t size, struct arena **out) {
-  for (int i = 0; i < cc->narenas; i++) {
-    struct arena *a = &cc->arenas[i];
-    if (a->cap >= size && (!a->used || cudaEventQuery(a->done) == cudaSuccess)) {
-      *out = a;
-      return ncclSuccess;
-    }
-  }
-  struct arena *a;
-  if (cc->narenas < MAX_ARENAS) {
-    a = &cc->arenas[cc->narenas++];
-    CUDA_TRY(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming), "cudaEventCreate");
-  } else {
-    /* All in flight: wait for the oldest instead of growing without end. */
-    a = &cc->arenas[cc->next_arena];
-    cc->next_arena = (cc->next_arena + 1) % MAX_ARENAS;
-    CUDA_TRY(cudaEventSynchronize(a->done), "waiting for an earlier launch");
-    a->used = 0;
-  }
-  if (a->cap < size) {
-    if (a->host || a->dev) {
-      struct retired *r;
-      CHECK(UTIL_CALLOC(&r, 1, "an outgrown launch arena"));
-      r->host = a->host;
-      r->dev = a->dev;
-      r->next = cc->retired;
-      cc->retired = r;
-    }
-    /* Doubling bounds what is retired to as much as is in use. */
-    size_t cap = LOOM_MAX(LOOM_MAX(size, (size_t)65536), 2 * a->cap);
-    a->host = a->dev = NULL;
-    a->cap = 0;
-    CUDA_TRY(cudaHostAlloc(&a->host, cap, cudaHostAllocDefault), "cudaHostAlloc for a launch");
-    CHECK(cuda_malloc(&a->dev, cap, "a launch"));
-    a->cap = cap;
-  }
-  *out = a;
-  return ncclSuccess;
-}
-
-static void watch(struct cuda_comm *cc, struct conn *c) {
-  if (!c || c->proxied)
-    return;
-  int n = atomic_load(&cc->nwatch);
-  if (n >= cc->watch_cap)
-    return; /* every connection there can be fits; this cannot happen */
-  c->proxied = 1;
-  cc->watch[n] = c;
-  atomic_store_explicit(&cc->nwatch, n + 1, memory_order_release);
-}
-
-static void note_crecv(struct cuda_comm *cc, struct conn *c) {
-  if (!c || c->dir != CONN_RECV || c->kind == CONN_P2P || !c->connected || !c->dev.tail || !c->dev.head)
-    return;
-  int n = atomic_load(&cc->ncrecv);
-  for (int i = 0; i < n; i++)
-    if (cc->crecv[i] == c)
-      return;
-  if (n >= cc->crecv_cap)
-    return; /* more than rings and trees make; the check just misses it */
-  cc->crecv[n] = c;
-  atomic_store_explicit(&cc->ncrecv, n + 1, memory_order_release);
-}
-
-static void note_expected(struct cuda_comm *cc, const struct work *w, const struct slot_hdr *want) {
-  if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
-    return;
-  pthread_mutex_lock(&cc->recent_lock);
-  int known = 0;
-  for (int i = 0; i < MAX_RECENT && (uint64_t)i < cc->nrecent && !known; i++)
-    known = cc->recent[i].seq == w->seq;
-  if (!known) {
-    cc->recent[cc->nrecent % MAX_RECENT] = (struct expected){.seq = w->seq, .want = *want};
-    cc->nrecent++;
-  }
-  pthread_mutex_unlock(&cc->recent_lock);
-}
-
-static struct dev_conn dev_conn_of(struct conn *c) {
-  struct dev_conn d = {0};
-  if (!c)
-    return d;
-  d.base = c->dev.base;
-  d.hdrs = c->dev.hdrs;
-  d.stride = c->fifo.stride;
-  d.tail = c->dev.tail;
-  d.head = c->dev.head;
-  d.step = c->step;
-  d.peer = c->peer;
-  return d;
-}
-
-/* The slots a work will use on each of its connections: the host keeps
- * the counters, since the next launch is built before this one runs. */
-static void advance_steps(const struct work *w) {
-  uint64_t sends[WORK_MAX_PEERS] = {0}, recvs[WORK_MAX_PEERS] = {0};
-  schedule_slots(&w->sched, w->piece, sends, recvs);
-  for (int i = 0; i < w->nsends; i++)
-    if (w->sends[i])
-      w->sends[i]->step += sends[i];
-  for (int i = 0; i < w->nrecvs; i++)
-    if (w->recvs[i])
-      w->recvs[i]->step += recvs[i];
-}
-
-ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
-  struct cuda_comm *cc = comm->cuda;
-  cc->ready = NULL;
-  /* A launch holds the works' step templates, never their expanded
-   * steps: its size does not grow with the count. */
-  size_t used = 0, nworks = 0, ntmpl = 0;
-  for (int l = 0; l < nlanes; l++) {
-    if (!lanes[l].head)
-      continue;
-    used++;
-    for (struct work *w = lanes[l].head; w; w = w->next) {
-      nworks++;
-      ntmpl += w->sched.ntmpl;
-    }
-  }
-  if (used == 0)
-    return ncclSuccess;
-  /* The lanes of a launch wait on each other and on the peers' lanes:
-   * all of them must be on the device at once. */
-  if (used > cc->max_lanes)
-    return err_set(ncclInvalidUsage,
-                   "rank %d: this group needs %zu lanes (thread blocks) running at once, and the device holds only %u "
-                   "of Loom's kernel at a time: split the group (fewer peers or channels per group)",
-                   comm->rank, used, cc->max_lanes);
-  size_t off_lanes = LOOM_ALIGN_UP(sizeof(struct dev_plan), 64);
-  size_t off_works = LOOM_ALIGN_UP(off_lanes + used * sizeof(struct dev_lane), 64);
-  size_t off_steps = LOOM_ALIGN_UP(off_works + nworks * sizeof(struct dev_work), 64);
-  size_t size = off_steps + ntmpl * sizeof(struct step_tmpl);
-  CHECK(cuda_set_device(comm->cuda_dev));
-  struct arena *a = NULL;
-  CHECK(get_arena(cc, size, &a));
-  char *h = a->host, *d = a->dev;
-  struct dev_plan *plan = (struct dev_plan *)h;
-  struct dev_lane *dl = (struct dev_lane *)(h + off_lanes);
-  struct dev_work *dw = (struct dev_work *)(h + off_works);
-  struct step_tmpl *ds = (struct step_tmpl *)(h + off_steps);
-  plan->nlanes = (uint32_t)used;
-  plan->nworks = (uint32_t)nworks;
-  plan->status = cc->status_dev;
-  plan->lanes = (const struct dev_lane *)(d + off_lanes);
-  plan->works = (const struct dev_work *)(d + off_works);
-  size_t li = 0, wi = 0, ti = 0;
-  for (int l = 0; l < nlanes; l++) {
-    if (!lanes[l].head)
-      continue;
-    dl[li].first = (uint32_t)wi;
-    dl[li].count = 0;
-    for (struct work *w = lanes[l].head; w; w = w->next) {
-      struct dev_work *x = &dw[wi++];
-      memset(x, 0, sizeof *x);
-      const struct task *t = w->task;
-      x->src = w->src;
-      x->dst = w->dst;
-      x->sched = w->sched;
-      x->sched.tmpl = (struct step_tmpl *)(d + off_steps) + ti;
-      x->sched.cap = w->sched.ntmpl;
-      memcpy(ds + ti, w->sched.tmpl, sizeof *ds * (size_t)w->sched.ntmpl);
-      ti += w->sched.ntmpl;
-      x->esize = (uint32_t)w->esize;
-      x->piece = w->piece;
-      x->red = t->red;
-      x->scalar_dev = t->scalar_dev;
-      slot_mine(t, w->seq, comm->rank, &x->mine);
-      if (wi == 1) {
-        cc->ready_first = x->mine;
-        cc->ready_others = 0;
-      } else if (!slot_matches(&cc->ready_first, &x->mine, 1)) {
-        cc->ready_others++; /* another call, not the first one's other lane */
-      }
-      slot_expect(t, w->seq, &x->expect);
-      note_expected(cc, w, &x->expect);
-      x->check_seq = t->coll != COLL_RECV;
-      x->nsends = w->nsends;
-      x->nrecvs = w->nrecvs;
-      for (int i = 0; i < w->nsends; i++) {
-        x->sends[i] = dev_conn_of(w->sends[i]);
-        watch(cc, w->sends[i]);
-      }
-      for (int i = 0; i < w->nrecvs; i++) {
-        x->recvs[i] = dev_conn_of(w->recvs[i]);
-        watch(cc, w->recvs[i]);
-      }
-      advance_steps(w);
-      dl[li].count++;
-    }
-    li++;
-  }
-  /* Connected by now, rings and trees alike. */
-  for (int ch = 0; ch < comm->nchannels; ch++)
-    note_crecv(cc, comm->ring_recv[ch]);
-  for (struct conn *c = comm->extra_conns; c; c = c->next_extra)
-    note_crecv(cc, c);
-  cc->ready = a;
-  cc->ready_size = size;
-  cc->ready_lanes = (uint32_t)used;
-  cc->ready_works = nworks;
-  cc->ready_tmpl = ntmpl;
-  return ncclSuccess;
-}
-
-ncclResult_t cuda_launch(struct ncclComm *comm, void *stream) {
-  struct cuda_comm *cc = comm->cuda;
-  struct arena *a = cc->ready;
-  if (!a)
-    return ncclSuccess;
-  cc->ready = NULL;
-  CHECK(cuda_set_device(comm->cuda_dev));
-  cudaStream_t s = (cudaStream_t)stream;
-  cudaError_t e = cudaSuccess;
-  /* A communicator's kernels run one after the other, as the host counted
-   * their slots: a launch on another stream waits for the one before. */
-  if (cc->launched && stream != cc->last_stream)
-    e = cudaStreamWaitEvent(s, cc->last, 0);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(a->dev, a->host, cc->ready_size, cudaMemcpyHostToDevice, s);
-  if (e == cudaSuccess)
-    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, cc->ready_lanes, s);
-  pthread_mutex_lock(&cc->recent_lock);
-  if (e == cudaSuccess)
-    e = cudaEventRecord(a->done, s);
-  if (e == cudaSuccess) {
-    a->launch_no = ++cc->nlaunches;
-    a->first = cc->ready_first;
-    a->others = cc->ready_others;
-  }
-  pthread_mutex_unlock(&cc->recent_lock);
-  if (e == cudaSuccess)
-    e = cudaEventRecord(cc->last, s);
-  if (e != cudaSuccess)
-    return cuda_fail(e, "launching the collective kernel");
-  a->used = 1;
-  cc->launched = 1;
-  cc->last_stream = stream;
-  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %zu work(s), %zu step template(s) on stream %p", comm->rank,
-        cc->ready_lanes, cc->ready_works, cc->ready_tmpl, stream);
-  return ncclSuccess;
-}

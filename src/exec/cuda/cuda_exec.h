@@ -13,6 +13,9 @@
 struct ncclComm;
 
 #if LOOM_HAVE_CUDA
+/* How many blocks of the kernel the current device holds at once, for
+ * the peer information every rank shares at init. */
+ncclResult_t cuda_device_lanes(int32_t *lanes);
 /* After the communicator knows its peers: device status and proxy. */
 ncclResult_t cuda_comm_init(struct ncclComm *comm);
 /* Waits for the communicator's kernels (stopping them first if `abort`),
@@ -27,14 +30,19 @@ void cuda_comm_poll(struct ncclComm *comm);
 /* Stops the kernels and the proxy thread (ncclCommAbort), leaving the
  * connections to the caller's thread. */
 void cuda_comm_stop(struct ncclComm *comm);
-/* Packs the lanes' works into a launch, allocating what it needs: done for
- * every communicator of a group before the group's first launch, since an
- * allocation may wait for kernels already running. */
+/* Packs the lanes' works into launches (one, or several where the lanes
+ * exceed what the device holds at once), allocating what they need: done
+ * for every communicator of a group before the group's first launch,
+ * since an allocation may wait for kernels already running. */
 ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream);
-/* Starts what cuda_prepare packed as one kernel on `stream`; returns at once. */
+/* Starts what cuda_prepare packed on `stream`, a kernel per launch, in
+ * order; returns at once. */
 ncclResult_t cuda_launch(struct ncclComm *comm, void *stream);
 #else
 static inline ncclResult_t cuda_comm_init(struct ncclComm *comm) {
+  return err_set(ncclInternalError, "this build of Loom has no CUDA");
+}
+static inline ncclResult_t cuda_device_lanes(int32_t *lanes) {
   return err_set(ncclInternalError, "this build of Loom has no CUDA");
 }
 static inline void cuda_comm_fini(struct ncclComm *comm, int abort) {}
