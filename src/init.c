@@ -258,9 +258,12 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   me->shm_disabled = (int)param_int(P_SHM_DISABLE);
   me->cuda_dev = comm->cuda_dev;
   me->p2p_disabled = (int)param_int(P_P2P_DISABLE);
-  me->p2p_level = topo_p2p_default_level();
+  /* The topology's default only matters, and is only loaded, for GPUs. */
+  me->p2p_level = PATH_SYS;
   if (param_is_set(P_P2P_LEVEL))
     CHECK(path_parse_level("NCCL_P2P_LEVEL", param_str(P_P2P_LEVEL), 1, &me->p2p_level));
+  else if (!comm->is_host)
+    me->p2p_level = topo_p2p_default_level();
   if (!comm->is_host) {
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
     CHECK(cuda_device_lanes(&me->max_lanes));

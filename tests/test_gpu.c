@@ -113,37 +113,57 @@ TEST_IMPL(gpu_host_pointer) {
   return 0;
 }
 
-/* Several ranks of one process on one GPU, driven by one thread. */
-TEST_IMPL(gpu_init_all_shared) {
-  NEED_GPU();
-  enum { R = 3, N = 100003 };
-  ncclComm_t comms[R];
-  int devs[R] = {0, 0, 0};
+/* Ranks of one process on the devices `devs`, driven by one thread. */
+static int init_all_run(int R, const int *devs) {
+  enum { N = 100003, MAXR = 4 };
+  ncclComm_t comms[MAXR];
   ASSERT_OK(ncclCommInitAll(comms, R, devs));
-  float *d[R];
-  cudaStream_t s[R];
+  float *d[MAXR];
+  cudaStream_t s[MAXR];
+  float *h = malloc(N * 4);
+  ASSERT(h != NULL);
   for (int r = 0; r < R; r++) {
+    ASSERT(cudaSetDevice(devs[r]) == cudaSuccess);
     ASSERT(cudaStreamCreate(&s[r]) == cudaSuccess && cudaMalloc((void **)&d[r], N * 4) == cudaSuccess);
-    float *h = malloc(N * 4);
     for (int i = 0; i < N; i++)
       h[i] = (float)(r + i % 5);
     ASSERT(cudaMemcpy(d[r], h, N * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    free(h);
   }
   ASSERT_OK(ncclGroupStart());
   for (int r = 0; r < R; r++)
     ASSERT_OK(ncclAllReduce(d[r], d[r], N, ncclFloat, ncclSum, comms[r], s[r]));
   ASSERT_OK(ncclGroupEnd());
-  float *out = malloc(N * 4);
   for (int r = 0; r < R; r++) {
+    ASSERT(cudaSetDevice(devs[r]) == cudaSuccess);
     ASSERT(cudaStreamSynchronize(s[r]) == cudaSuccess);
-    ASSERT(cudaMemcpy(out, d[r], N * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    ASSERT(cudaMemcpy(h, d[r], N * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     for (int i = 0; i < N; i++)
-      ASSERT_MSG(out[i] == (float)(3 + R * (i % 5)), "rank %d element %d is %g", r, i, out[i]);
+      ASSERT_MSG(h[i] == (float)(R * (R - 1) / 2 + R * (i % 5)), "rank %d element %d is %g", r, i, h[i]);
   }
+  const char *tr;
+  ASSERT_OK(loomCommPeerTransport(comms[0], 1, &tr));
+  ASSERT_MSG(strcmp(tr, "p2p") == 0, "ranks 0 and 1 (devices %d and %d) connected over %s", devs[0], devs[1], tr);
   for (int r = 0; r < R; r++)
     ASSERT_OK(ncclCommDestroy(comms[r]));
+  free(h);
   return 0;
+}
+
+/* Several ranks of one process on one GPU, driven by one thread. */
+TEST_IMPL(gpu_init_all_shared) {
+  NEED_GPU();
+  static const int devs[] = {0, 0, 0};
+  return init_all_run(3, devs);
+}
+
+/* One rank on each of two GPUs of one process: each writes into the
+ * other's memory once peer access is enabled (an illegal address
+ * otherwise, which only a real GPU shows). */
+TEST_IMPL(gpu_init_all_devices) {
+  if (harness_cuda_devices() < 2)
+    SKIP("needs two CUDA devices");
+  static const int devs[] = {0, 1};
+  return init_all_run(2, devs);
 }
 
 /* Ranks as threads of one process on one GPU: their kernels run at once,
@@ -277,6 +297,7 @@ NO_CUDA(gpu_coll_shm_2)
 NO_CUDA(gpu_stream_order)
 NO_CUDA(gpu_host_pointer)
 NO_CUDA(gpu_init_all_shared)
+NO_CUDA(gpu_init_all_devices)
 NO_CUDA(gpu_premulsum_device_scalar)
 NO_CUDA(gpu_mismatch)
 NO_CUDA(gpu_threads_2)
