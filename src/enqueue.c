@@ -74,9 +74,8 @@ static ncclResult_t check_crossed(struct comm_plan *p, struct conn *c) {
       continue;
     struct slot_hdr want;
     slot_expect(w->task, w->seq, &want);
-    want.bytes = got->bytes;
-    if (!slot_matches(&want, got, 1)) {
-      ncclResult_t r = slot_mismatch(&want, got, p->comm->rank, c->peer, 1);
+    ncclResult_t r = slot_check_crossed(&want, got, p->comm->rank, c->peer);
+    if (r != ncclSuccess) {
       fail_context(w, "");
       return r;
     }

@@ -242,6 +242,10 @@ TEST(gpu_p2p_invisible_switch, 60)
 TEST(gpu_p2p_invisible_sockets, 60)
 TEST(gpu_p2p_level, 120)
 TEST(gpu_p2p_level_bad, 60)
+/* The proxy watches while the program allocates (test_gpu_stall.c). */
+TEST(gpu_stall_alloc_p2p, 60)
+TEST(gpu_stall_alloc_shm, 60)
+TEST(gpu_stall_alloc_socket, 60)
 /* GPUDirect RDMA over the verbs test double (test_gpu_net.c). */
 TEST(gpu_net_gdr_on, 600)
 TEST(gpu_net_gdr_read_off, 300)

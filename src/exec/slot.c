@@ -76,3 +76,9 @@ ncclResult_t slot_mismatch(const struct slot_hdr *want, const struct slot_hdr *g
                  "collective calls with the same arguments",
                  me, ours, (unsigned long long)want->seq, (int)got->sender, theirs);
 }
+
+ncclResult_t slot_check_crossed(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer) {
+  struct slot_hdr w = *want;
+  w.bytes = got->bytes;
+  return slot_matches(&w, got, 1) ? ncclSuccess : slot_mismatch(&w, got, me, peer, 1);
+}

@@ -20,5 +20,10 @@ int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int ch
 /* Records the sentence for a mismatch between this rank (`me`, receiving
  * from `peer`) and the sender, and returns ncclInvalidUsage. */
 ncclResult_t slot_mismatch(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer, int check_seq);
+/* A slot found on a collective connection no call of this rank reads,
+ * against `want`, what this rank's collective of the same number expects:
+ * ncclSuccess where they agree (the payload's size aside), the mismatch
+ * (the ranks' calls crossed) otherwise. */
+ncclResult_t slot_check_crossed(const struct slot_hdr *want, const struct slot_hdr *got, int me, int peer);
 
 #endif

@@ -111,15 +111,16 @@ void cuda_free(void *ptr) {
     cudaFree(ptr);
 }
 
-/* Loom's own small synchronous sets and reads of device memory run on one
- * non-blocking stream per device, made once: not the legacy stream, where
- * they would wait behind the program's work, and not a stream per call,
- * which the proxy's polling of p2p counters would make many of. Callers
- * on several threads share it; each waits for the stream, its own work
- * among the rest. */
+/* Loom's own small sets and reads of device memory run on non-blocking
+ * streams, one per device and use, made once: not the legacy stream,
+ * where they would wait behind the program's work, and not a stream per
+ * call. cuda_memset's callers wait on theirs; the proxy's peeks never
+ * wait, and have a stream of their own so that a peek held up behind a
+ * stuck kernel holds up no memset. */
 #define AUX_DEVICES 64
+enum { AUX_SET = 0, AUX_PEEK = 1, AUX_KINDS = 2 };
 static pthread_mutex_t aux_mu = PTHREAD_MUTEX_INITIALIZER;
-static cudaStream_t aux_streams[AUX_DEVICES];
+static cudaStream_t aux_streams[AUX_KINDS][AUX_DEVICES];
 
 static int aux_holders;
 
@@ -136,19 +137,20 @@ void cuda_aux_release(void) {
   if (--aux_holders == 0) {
     int saved = -1;
     cudaGetDevice(&saved);
-    for (int d = 0; d < AUX_DEVICES; d++)
-      if (aux_streams[d]) {
-        cudaSetDevice(d);
-        cudaStreamDestroy(aux_streams[d]);
-        aux_streams[d] = NULL;
-      }
+    for (int k = 0; k < AUX_KINDS; k++)
+      for (int d = 0; d < AUX_DEVICES; d++)
+        if (aux_streams[k][d]) {
+          cudaSetDevice(d);
+          cudaStreamDestroy(aux_streams[k][d]);
+          aux_streams[k][d] = NULL;
+        }
     if (saved >= 0)
       cudaSetDevice(saved);
   }
   pthread_mutex_unlock(&aux_mu);
 }
 
-static ncclResult_t aux_stream(cudaStream_t *out) {
+static ncclResult_t aux_stream(int kind, cudaStream_t *out) {
   int dev = -1;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess)
@@ -156,37 +158,86 @@ static ncclResult_t aux_stream(cudaStream_t *out) {
   if (dev < 0 || dev >= AUX_DEVICES)
     return err_set(ncclInternalError, "CUDA device %d: Loom handles devices 0 to %d", dev, AUX_DEVICES - 1);
   pthread_mutex_lock(&aux_mu);
-  if (!aux_streams[dev])
-    e = cudaStreamCreateWithFlags(&aux_streams[dev], cudaStreamNonBlocking);
-  *out = aux_streams[dev];
+  if (!aux_streams[kind][dev])
+    e = cudaStreamCreateWithFlags(&aux_streams[kind][dev], cudaStreamNonBlocking);
+  *out = aux_streams[kind][dev];
   pthread_mutex_unlock(&aux_mu);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaStreamCreateWithFlags");
 }
 
 ncclResult_t cuda_memset(void *ptr, int value, size_t size) {
   cudaStream_t s;
-  CHECK(aux_stream(&s));
+  CHECK(aux_stream(AUX_SET, &s));
   cudaError_t e = cudaMemsetAsync(ptr, value, size, s);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(s);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemset of %zu bytes", size);
 }
 
-/* A copy on the auxiliary stream, waited for; `dev` is the device side. */
-static ncclResult_t aux_copy(void *dst, const void *src, size_t n, const void *dev, const char *what) {
-  cudaStream_t s;
-  CHECK(aux_stream(&s));
-  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize(s);
-  return e == cudaSuccess ? ncclSuccess : fail(e, "%s %zu bytes of device memory at %p", what, n, dev);
+ncclResult_t cuda_peek_init(struct cuda_peek *p, size_t size, const char *what) {
+  memset(p, 0, sizeof *p);
+  void *dev;
+  CHECK(cuda_host_alloc((void **)&p->buf, &dev, size, what));
+  p->size = size;
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    cuda_peek_free(p);
+    return fail(e, "cudaEventCreate for %s", what);
+  }
+  p->event = ev;
+  return ncclSuccess;
 }
 
-ncclResult_t cuda_read(void *out, const void *ptr, size_t n) { return aux_copy(out, ptr, n, ptr, "reading"); }
+void cuda_peek_free(struct cuda_peek *p) {
+  if (p->event)
+    cudaEventDestroy((cudaEvent_t)p->event);
+  cuda_host_free(p->buf);
+  memset(p, 0, sizeof *p);
+}
 
-ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) { return cuda_read(out, dev_ptr, sizeof *out); }
+static ncclResult_t peek_copy(struct cuda_peek *p, void *dst, const void *src, size_t n, const char *what) {
+  cudaStream_t s;
+  CHECK(aux_stream(AUX_PEEK, &s));
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "%s %zu bytes of device memory", what, n);
+}
 
-ncclResult_t cuda_write(void *ptr, const void *src, size_t n) { return aux_copy(ptr, src, n, ptr, "writing"); }
+ncclResult_t cuda_peek_read(struct cuda_peek *p, size_t at, const void *src, size_t n) {
+  if (at + n > p->size)
+    return err_set(ncclInternalError, "a peek of %zu bytes at %zu overflows its %zu-byte buffer", n, at, p->size);
+  return peek_copy(p, p->buf + at, src, n, "reading");
+}
+
+ncclResult_t cuda_peek_write(struct cuda_peek *p, void *dst, size_t at, size_t n) {
+  if (at + n > p->size)
+    return err_set(ncclInternalError, "a write of %zu bytes at %zu overflows its %zu-byte buffer", n, at, p->size);
+  return peek_copy(p, dst, p->buf + at, n, "writing");
+}
+
+ncclResult_t cuda_peek_issue(struct cuda_peek *p) {
+  cudaStream_t s;
+  CHECK(aux_stream(AUX_PEEK, &s));
+  cudaError_t e = cudaEventRecord((cudaEvent_t)p->event, s);
+  if (e != cudaSuccess)
+    return fail(e, "cudaEventRecord");
+  p->pending = 1;
+  return ncclSuccess;
+}
+
+int cuda_peek_done(struct cuda_peek *p) {
+  if (!p->pending)
+    return 0;
+  cudaError_t e = cudaEventQuery((cudaEvent_t)p->event);
+  if (e == cudaErrorNotReady)
+    return 0;
+  p->pending = 0;
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return 1;
+}
 
 ncclResult_t cuda_enable_peer(int peer_dev) {
   cudaError_t e = cudaDeviceEnablePeerAccess(peer_dev, 0);
@@ -395,8 +446,11 @@ ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const ch
 ncclResult_t cuda_enable_peer(int peer_dev) { return none("cudaDeviceEnablePeerAccess"); }
 void cuda_aux_hold(void) {}
 void cuda_aux_release(void) {}
-ncclResult_t cuda_read(void *out, const void *ptr, size_t n) { return none("cudaMemcpy"); }
-ncclResult_t cuda_write(void *ptr, const void *src, size_t n) { return none("cudaMemcpy"); }
-ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out) { return none("cudaMemcpy"); }
+ncclResult_t cuda_peek_init(struct cuda_peek *p, size_t size, const char *what) { return none("cudaHostAlloc"); }
+void cuda_peek_free(struct cuda_peek *p) {}
+ncclResult_t cuda_peek_read(struct cuda_peek *p, size_t at, const void *src, size_t n) { return none("cudaMemcpy"); }
+ncclResult_t cuda_peek_write(struct cuda_peek *p, void *dst, size_t at, size_t n) { return none("cudaMemcpy"); }
+ncclResult_t cuda_peek_issue(struct cuda_peek *p) { return none("cudaEventRecord"); }
+int cuda_peek_done(struct cuda_peek *p) { return -1; }
 ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) { return none(func); }
 #endif

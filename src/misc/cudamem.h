@@ -40,17 +40,31 @@ void cuda_free(void *ptr);
  * cudaMemset is queued on the legacy stream, behind whatever the program
  * has there, and a peer given the memory meanwhile would see it change. */
 ncclResult_t cuda_memset(void *ptr, int value, size_t size);
-/* The auxiliary streams of cuda_memset, cuda_read and cuda_write are kept
- * while a CUDA communicator holds them (hold at its init, release at its
- * end). */
+/* The auxiliary streams of cuda_memset and the peeks are kept while a
+ * CUDA communicator holds them (hold at its init, release at its end). */
 void cuda_aux_hold(void);
 void cuda_aux_release(void);
-/* Reads a counter in device memory, on a stream of its own. */
-ncclResult_t cuda_read_u64(const uint64_t *dev_ptr, uint64_t *out);
-/* n bytes from device, mapped or host memory, on the auxiliary stream. */
-ncclResult_t cuda_read(void *out, const void *ptr, size_t n);
-/* n bytes into device, mapped or host memory, the same way. */
-ncclResult_t cuda_write(void *ptr, const void *src, size_t n);
+
+/* Reads and writes of device memory that never wait, for the proxy: a
+ * plain cudaMemcpy can be held up behind a kernel stuck on a dead peer
+ * (after an allocation, CUDA starts no command before every one issued
+ * earlier has ended), and the proxy is what unsticks that kernel. Copies
+ * go between `buf` (pinned) and device memory on a stream of their own;
+ * cuda_peek_issue ends a batch, and cuda_peek_done says, without
+ * waiting, when it has ended: 1 (buf holds what was read), 0 (not yet,
+ * or nothing issued), -1 (the copies failed). One batch at a time. */
+struct cuda_peek {
+  char *buf;
+  size_t size;
+  void *event; /* cudaEvent_t */
+  int pending;
+};
+ncclResult_t cuda_peek_init(struct cuda_peek *p, size_t size, const char *what);
+void cuda_peek_free(struct cuda_peek *p);
+ncclResult_t cuda_peek_read(struct cuda_peek *p, size_t at, const void *src, size_t n);
+ncclResult_t cuda_peek_write(struct cuda_peek *p, void *dst, size_t at, size_t n);
+ncclResult_t cuda_peek_issue(struct cuda_peek *p);
+int cuda_peek_done(struct cuda_peek *p);
 /* Lets this device's kernels reach the memory of `peer_dev` (in this
  * process); already enabled is fine. */
 ncclResult_t cuda_enable_peer(int peer_dev);

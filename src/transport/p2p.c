@@ -13,6 +13,7 @@
 #include "misc/utils.h"
 #include "transport/transport.h"
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,11 +41,33 @@ struct p2p_info {
   int32_t pad;
 };
 
+/* What the proxy last read of a connection's device memory, through a
+ * peek (cudamem.h: a plain read could wait behind a stuck kernel). */
+struct p2p_snap {
+  struct p2p_ctrl ctrl;   /* this side's control page */
+  uint64_t head[2];       /* receiver: slots it released, before and after the header */
+  char hdr[SLOT_HDR_BYTES];
+};
+
+#define P2P_NO_STEP UINT64_MAX
+
 struct p2p_priv {
   void *local;      /* receiver: counter page and slots; sender: counter page */
   void *remote;     /* the peer's memory, as mapped here */
   int remote_ipc;   /* it was opened through IPC and must be closed */
+  /* The peek's buffer holds a snapshot being read, then the words this
+   * side writes into the peer's page when it fails. */
+  struct cuda_peek peek;
+  struct p2p_snap seen; /* the last snapshot read in full */
+  int seen_ok;
+  /* Receiver: the step whose slot header the snapshot under way reads
+   * (one the previous snapshot saw posted), and that of `seen`. */
+  uint64_t hdr_step, seen_hdr_step;
+  int peek_failed;      /* the copies failed: the memory is going */
+  int poisoned;         /* the peer was told, once: its words may be in flight */
 };
+
+#define P2P_POISON_AT sizeof(struct p2p_snap)
 
 /* Decided from what both ranks know alike where possible, since each side
  * chooses its transport alone: the topology's path between the two GPUs
@@ -123,54 +146,150 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
     c->dev.tail = (uint64_t *)local;
     c->dev.head = (uint64_t *)remote;
   }
-  return ncclSuccess;
+  return cuda_peek_init(&pp->peek, sizeof(struct p2p_snap) + sizeof(struct p2p_ctrl), "a p2p connection's peek");
+}
+
+/* Starts reading this side's control page and, on the receiving side,
+ * the count of slots released; if the last snapshot saw a slot posted
+ * and not released, also its header, then that count again: the header
+ * is the posted one if the count has not moved (a sender rewrites a slot
+ * only once it has been released). Only a slot seen posted is read, as
+ * the receiver itself would: the others may be being written. */
+static ncclResult_t snap_start(struct conn *c, struct p2p_priv *pp) {
+  CHECK(cuda_peek_read(&pp->peek, offsetof(struct p2p_snap, ctrl), pp->local, sizeof(struct p2p_ctrl)));
+  pp->hdr_step = P2P_NO_STEP;
+  if (c->dir == CONN_RECV) {
+    CHECK(cuda_peek_read(&pp->peek, offsetof(struct p2p_snap, head), c->dev.head, sizeof(uint64_t)));
+    if (pp->seen_ok && pp->seen.ctrl.counter > pp->seen.head[0]) {
+      uint64_t step = pp->seen.head[0];
+      CHECK(cuda_peek_read(&pp->peek, offsetof(struct p2p_snap, hdr), c->dev.base + (step % NCCL_STEPS) * c->fifo.stride,
+                           SLOT_HDR_BYTES));
+      CHECK(cuda_peek_read(&pp->peek, offsetof(struct p2p_snap, head) + sizeof(uint64_t), c->dev.head,
+                           sizeof(uint64_t)));
+      pp->hdr_step = step;
+    }
+  }
+  return cuda_peek_issue(&pp->peek);
+}
+
+/* Whether the snapshot under way has ended: 1 (now in `seen`), 0 (not
+ * yet, or none under way), -1 (the copies failed). */
+static int snap_take(struct p2p_priv *pp) {
+  int done = cuda_peek_done(&pp->peek);
+  if (done < 0)
+    pp->peek_failed = 1;
+  else if (done > 0) {
+    memcpy(&pp->seen, pp->peek.buf, sizeof pp->seen);
+    pp->seen_hdr_step = pp->hdr_step;
+    pp->seen_ok = 1;
+  }
+  return done;
+}
+
+/* Takes the snapshot that has ended, if one has, and starts the next:
+ * callers see what the connection was at most one look ago. */
+static void snap_refresh(struct conn *c, struct p2p_priv *pp) {
+  if (!pp->peek.buf || pp->peek_failed || snap_take(pp) < 0)
+    return;
+  if (!pp->peek.pending && snap_start(c, pp) != ncclSuccess)
+    pp->peek_failed = 1;
+}
+
+/* Waits for the snapshot under way until `until_ns` at most; 1 once it
+ * has ended (or failed). */
+static int snap_wait(struct p2p_priv *pp, uint64_t until_ns) {
+  while (pp->peek.pending) {
+    if (snap_take(pp) != 0)
+      return 1;
+    if (time_ns() >= until_ns)
+      return 0;
+    sched_yield();
+  }
+  return 1;
+}
+
+/* A snapshot started now, waited for until `until_ns` at most: a peek
+ * held up behind a kernel is given up, and the last one stands. */
+static void snap_fresh(struct conn *c, struct p2p_priv *pp, uint64_t until_ns) {
+  if (!snap_wait(pp, until_ns) || pp->peek_failed)
+    return;
+  if (snap_start(c, pp) != ncclSuccess) {
+    pp->peek_failed = 1;
+    return;
+  }
+  snap_wait(pp, until_ns);
+}
+
+static int send_flushed(const struct conn *c, const struct p2p_priv *pp) {
+  /* A failed read says nothing of the peer: the memory goes. */
+  return pp->peek_failed || (pp->seen_ok && pp->seen.ctrl.counter >= c->step);
 }
 
 /* A send is flushed once the peer's kernel released every slot posted:
- * that release is its last write into this rank's memory. */
+ * that release is its last write into this rank's memory. Asked where
+ * the answer decides whether a peer that has exited is to blame, so an
+ * old "no" is checked again with a fresh look. */
 static int p2p_flushed(struct conn *c) {
-  if (c->dir != CONN_SEND || c->step == 0 || !c->dev.head)
+  struct p2p_priv *pp = c->priv;
+  if (c->dir != CONN_SEND || c->step == 0 || !pp || !pp->peek.buf)
     return 1;
-  uint64_t head = 0;
-  /* An error reading it says nothing of the peer: the memory goes. */
-  return cuda_read_u64(c->dev.head, &head) != ncclSuccess || head >= c->step;
+  snap_refresh(c, pp);
+  if (!send_flushed(c, pp))
+    snap_fresh(c, pp, time_ns() + 20000000ull);
+  return send_flushed(c, pp);
 }
 
 static ncclResult_t p2p_check(struct conn *c) {
   struct p2p_priv *pp = c->priv;
-  uint32_t failed = 0;
-  if (pp && pp->local &&
-      cuda_read(&failed, (char *)pp->local + offsetof(struct p2p_ctrl, failed), sizeof failed) == ncclSuccess &&
-      failed) {
-    char why[LOOM_ERR_LEN];
-    if (cuda_read(why, (char *)pp->local + offsetof(struct p2p_ctrl, why), sizeof why) != ncclSuccess)
-      why[0] = '\0';
-    why[sizeof why - 1] = '\0';
-    return transport_peer_failed(c, why);
+  if (pp && pp->peek.buf) {
+    snap_refresh(c, pp);
+    if (pp->seen_ok && pp->seen.ctrl.failed) {
+      pp->seen.ctrl.why[sizeof pp->seen.ctrl.why - 1] = '\0';
+      return transport_peer_failed(c, pp->seen.ctrl.why);
+    }
   }
   return comm_peer_alive(c->comm, c->peer);
 }
 
-/* Tells the peer, in its own memory, that this side failed. Only through
- * IPC: a rank of this process frees that memory with its communicator,
- * which it may have destroyed already, while an IPC mapping holds it. */
+static int p2p_next_hdr(struct conn *c, struct slot_hdr *out) {
+  struct p2p_priv *pp = c->priv;
+  if (c->dir != CONN_RECV || !pp || !pp->peek.buf)
+    return 0;
+  snap_refresh(c, pp);
+  if (!pp->seen_ok || pp->seen_hdr_step == P2P_NO_STEP || pp->seen.head[1] != pp->seen_hdr_step)
+    return 0;
+  memcpy(out, pp->seen.hdr, sizeof *out);
+  return 1;
+}
+
+/* Tells the peer, in its own memory, that this side failed: queued, not
+ * waited for, as its kernel may be what holds the stream up. Only
+ * through IPC: a rank of this process frees that memory with its
+ * communicator, which it may have destroyed already, while an IPC
+ * mapping holds it. */
 static void p2p_poison(struct conn *c, const char *why) {
   struct p2p_priv *pp = c->priv;
-  if (!pp || !pp->remote_ipc)
+  if (!pp || !pp->remote_ipc || !pp->peek.buf || pp->poisoned)
     return;
+  pp->poisoned = 1;
+  struct p2p_ctrl *note = (struct p2p_ctrl *)(pp->peek.buf + P2P_POISON_AT);
+  snprintf(note->why, sizeof note->why, "%s", why ? why : "");
+  note->failed = 1;
   char *page = pp->remote;
-  char text[LOOM_ERR_LEN];
-  snprintf(text, sizeof text, "%s", why ? why : "");
-  uint32_t one = 1;
-  /* The sentence first: the word says it is there. */
-  if (cuda_write(page + offsetof(struct p2p_ctrl, why), text, strlen(text) + 1) == ncclSuccess)
-    cuda_write(page + offsetof(struct p2p_ctrl, failed), &one, sizeof one);
+  /* The sentence first, on one stream: the word says it is there. */
+  if (cuda_peek_write(&pp->peek, page + offsetof(struct p2p_ctrl, why), P2P_POISON_AT + offsetof(struct p2p_ctrl, why),
+                      strlen(note->why) + 1) == ncclSuccess)
+    cuda_peek_write(&pp->peek, page + offsetof(struct p2p_ctrl, failed),
+                    P2P_POISON_AT + offsetof(struct p2p_ctrl, failed), sizeof note->failed);
 }
 
 static void p2p_free(struct conn *c) {
   struct p2p_priv *pp = c->priv;
   if (!pp)
     return;
+  /* Frees the peek's buffer once its copies (a poisoning write among
+   * them) are done: cudaFreeHost waits for the device. */
+  cuda_peek_free(&pp->peek);
   if (pp->remote_ipc)
     cuda_ipc_close(pp->remote);
   cuda_free(pp->local);
@@ -188,6 +307,7 @@ const struct transport transport_p2p = {
     .check = p2p_check,
     .failed = transport_no_failure,
     .activity = transport_no_activity,
+    .next_hdr = p2p_next_hdr,
     .conn_name = transport_plain_name,
     .poison = p2p_poison,
     .free = p2p_free,

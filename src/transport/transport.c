@@ -270,6 +270,29 @@ uint64_t transport_no_activity(struct conn *c) { return 0; }
 const char *transport_plain_name(const struct conn *c) { return c->tr->name; }
 void transport_no_poison(struct conn *c, const char *why) {}
 
+_Static_assert(sizeof(struct slot_hdr) % sizeof(uint64_t) == 0, "a slot header is read in words");
+
+int transport_fifo_next_hdr(struct conn *c, struct slot_hdr *out) {
+  if (c->dir != CONN_RECV || !c->fifo.tail || !c->fifo.base)
+    return 0;
+  uint64_t head = atomic_load_explicit(c->fifo.head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(c->fifo.tail, memory_order_acquire);
+  if (tail <= head)
+    return 0;
+  const char *at = c->fifo.hdrs ? c->fifo.hdrs + (head % NCCL_STEPS) * SLOT_HDR_BYTES : (const char *)fifo_hdr(&c->fifo, head);
+  /* Word by word, as the kernel or the peer may be writing: the slot is
+   * the one read only if head has not moved meanwhile, since a sender
+   * rewrites a slot only once it has been released. */
+  uint64_t w[sizeof *out / sizeof(uint64_t)];
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+    w[i] = __atomic_load_n((const uint64_t *)at + i, __ATOMIC_RELAXED);
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(c->fifo.head, memory_order_relaxed) != head)
+    return 0;
+  memcpy(out, w, sizeof *out);
+  return 1;
+}
+
 uint64_t transport_comm_activity(struct ncclComm *comm) {
   uint64_t a = 0;
   transport_each_conn(comm, add_activity, &a);

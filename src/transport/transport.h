@@ -44,6 +44,10 @@ struct fifo {
   size_t ref_min;
   int ref_pid;
   int ref_local;
+  /* The slots' headers apart from the slots, in host memory (net with
+   * GPUDirect RDMA, whose slots are device memory); NULL where each slot
+   * starts with its header. */
+  char *hdrs;
 };
 
 /* After moving a FIFO counter: wakes a peer asleep on it. */
@@ -89,6 +93,12 @@ struct transport {
    * transport_no_activity where slots are the only progress there is
    * (memory). */
   uint64_t (*activity)(struct conn *c);
+  /* Receive side, for the CUDA proxy's look at connections no kernel is
+   * reading: the header of the oldest slot posted and not yet released,
+   * read without waiting. 1 and *out if there is one; 0 if none, or if
+   * not known yet (device memory is read through a copy that a stuck
+   * kernel may hold up: started now, answered at a later call). */
+  int (*next_hdr)(struct conn *c, struct slot_hdr *out);
   /* What the connection is called in loomCommPeerTransport: the
    * transport's name (transport_plain_name), or more ("net/ib"). */
   const char *(*conn_name)(const struct conn *c);
@@ -104,6 +114,9 @@ ncclResult_t transport_no_failure(struct conn *c);
 uint64_t transport_no_activity(struct conn *c);
 const char *transport_plain_name(const struct conn *c);
 void transport_no_poison(struct conn *c, const char *why);
+/* next_hdr of a FIFO whose counters and headers are host memory (shm,
+ * net). */
+int transport_fifo_next_hdr(struct conn *c, struct slot_hdr *out);
 
 struct conn {
   const struct transport *tr;
@@ -131,6 +144,7 @@ struct conn {
     uint64_t *tail, *head;
   } dev;
   int proxied;       /* a CUDA communicator's proxy thread drives it */
+  int crossed_watch; /* ... and looks at it for crossed calls */
   struct conn *next_pending;
   struct conn *next_extra; /* trees and recursive doubling: comm->extra_conns */
 };
@@ -183,6 +197,7 @@ static inline int transport_flushed(struct conn *c) { return c->tr->flushed(c); 
 static inline ncclResult_t transport_check(struct conn *c) { return c->tr->check(c); }
 static inline ncclResult_t transport_failed(struct conn *c) { return c->tr->failed(c); }
 static inline uint64_t transport_activity(struct conn *c) { return c->tr->activity(c); }
+static inline int transport_next_hdr(struct conn *c, struct slot_hdr *out) { return c->tr->next_hdr(c, out); }
 static inline const char *transport_conn_name(const struct conn *c) { return c->tr->conn_name(c); }
 
 #endif

@@ -29,6 +29,7 @@
 /* What a peer's slot for the collective numbered `seq` must say. */
 struct expected {
   uint64_t seq;
+  int set;
   struct slot_hdr want;
 };
 
@@ -93,8 +94,7 @@ struct cuda_comm {
   int crecv_cap;
   _Atomic int ncrecv;
   pthread_mutex_t recent_lock;
-  struct expected recent[MAX_RECENT];
-  uint64_t nrecent;
+  struct expected recent[MAX_RECENT]; /* by seq % MAX_RECENT */
   uint64_t nlaunches;
   pthread_t proxy;
   int proxy_started;

@@ -110,31 +110,20 @@ static void running_call(struct cuda_comm *cc, char *buf, size_t len) {
  * the same collective call by number as one this rank launched but with
  * another description: the ranks' calls differ. */
 static ncclResult_t check_crossed(struct cuda_comm *cc, struct conn *c) {
-  uint64_t tail = 0, head = 0;
-  if (cuda_read_u64(c->dev.tail, &tail) != ncclSuccess || cuda_read_u64(c->dev.head, &head) != ncclSuccess ||
-      tail <= head)
+  struct slot_hdr got, want;
+  if (!transport_next_hdr(c, &got))
     return ncclSuccess;
-  const char *at = c->dev.hdrs ? c->dev.hdrs + (head % NCCL_STEPS) * SLOT_HDR_BYTES
-                               : c->dev.base + (head % NCCL_STEPS) * c->fifo.stride;
-  struct slot_hdr got;
-  if (cuda_read(&got, at, sizeof got) != ncclSuccess)
-    return ncclSuccess;
-  int found = 0;
-  struct slot_hdr want;
+  const struct expected *e = &cc->recent[got.seq % MAX_RECENT];
   pthread_mutex_lock(&cc->recent_lock);
-  for (int i = 0; i < MAX_RECENT && (uint64_t)i < cc->nrecent && !found; i++)
-    if (cc->recent[i].seq == got.seq) {
-      want = cc->recent[i].want;
-      found = 1;
-    }
+  int found = e->set && e->seq == got.seq;
+  if (found)
+    want = e->want;
   pthread_mutex_unlock(&cc->recent_lock);
   if (!found)
     return ncclSuccess;
-  want.bytes = got.bytes;
-  if (slot_matches(&want, &got, 1))
-    return ncclSuccess;
-  ncclResult_t r = slot_mismatch(&want, &got, cc->comm->rank, c->peer, 1);
-  err_context("rank %d, on the GPU", cc->comm->rank);
+  ncclResult_t r = slot_check_crossed(&want, &got, cc->comm->rank, c->peer);
+  if (r != ncclSuccess)
+    err_context("rank %d, on the GPU", cc->comm->rank);
   return r;
 }
 

@@ -97,29 +97,25 @@ static void watch(struct cuda_comm *cc, struct conn *c) {
 }
 
 static void note_crecv(struct cuda_comm *cc, struct conn *c) {
-  if (!c || c->dir != CONN_RECV || c->kind == CONN_P2P || !c->connected || !c->dev.tail || !c->dev.head)
+  if (!c || c->dir != CONN_RECV || c->kind == CONN_P2P || !c->connected || c->crossed_watch)
     return;
   int n = atomic_load(&cc->ncrecv);
-  for (int i = 0; i < n; i++)
-    if (cc->crecv[i] == c)
-      return;
   if (n >= cc->crecv_cap)
     return; /* more than rings and trees make; the check just misses it */
+  c->crossed_watch = 1;
   cc->crecv[n] = c;
   atomic_store_explicit(&cc->ncrecv, n + 1, memory_order_release);
 }
 
+/* Collectives are numbered one after the other, so the last MAX_RECENT
+ * have a place each. */
 static void note_expected(struct cuda_comm *cc, const struct work *w, const struct slot_hdr *want) {
   if (w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
     return;
+  struct expected *e = &cc->recent[w->seq % MAX_RECENT];
   pthread_mutex_lock(&cc->recent_lock);
-  int known = 0;
-  for (int i = 0; i < MAX_RECENT && (uint64_t)i < cc->nrecent && !known; i++)
-    known = cc->recent[i].seq == w->seq;
-  if (!known) {
-    cc->recent[cc->nrecent % MAX_RECENT] = (struct expected){.seq = w->seq, .want = *want};
-    cc->nrecent++;
-  }
+  if (!e->set || e->seq != w->seq)
+    *e = (struct expected){.seq = w->seq, .want = *want, .set = 1};
   pthread_mutex_unlock(&cc->recent_lock);
 }
 

@@ -289,6 +289,16 @@ __device__ struct slot_hdr read_hdr(const char *slot) {
   return h;
 }
 
+/* Written word by word too: the host's proxy may be copying the header
+ * of a slot just released while the sender writes the next one there; it
+ * then sees the release count moved and discards what it read (p2p.c). */
+__device__ void write_hdr(char *slot, const struct slot_hdr &h) {
+  const uint64_t *s = (const uint64_t *)&h;
+  volatile uint64_t *d = (volatile uint64_t *)slot;
+  for (unsigned k = 0; k < sizeof h / 8; k++)
+    status_store(d + k, s[k]);
+}
+
 __device__ bool hdr_matches(const struct slot_hdr &want, const struct slot_hdr &got, int check_seq) {
   return got.coll == want.coll && got.dtype == want.dtype && got.count == want.count && got.op == want.op &&
          got.root == want.root && (!check_seq || got.seq == want.seq) && got.bytes == want.bytes;
@@ -434,7 +444,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
           if (send) {
             struct slot_hdr h = w.mine;
             h.bytes = (uint32_t)bytes;
-            *(struct slot_hdr *)shdr = h;
+            write_hdr(shdr, h);
             __threadfence_system();
             store_release(sc->tail, ++sstep[st.si]);
           }

@@ -300,6 +300,7 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
     CHECK(gdr_mem_alloc(NCCL_STEPS * stride, &np->dmem));
     np->slots = np->dmem.base;
     np->hdrs = np->mem + NET_DATA_OFFSET;
+    c->fifo.hdrs = np->hdrs;
   } else {
     np->slots = np->mem + NET_DATA_OFFSET;
   }
@@ -579,6 +580,7 @@ const struct transport transport_net = {
     .flushed = net_flushed,
     .check = net_check,
     .activity = net_activity,
+    .next_hdr = transport_fifo_next_hdr,
     .failed = net_failed,
     .conn_name = net_conn_name,
     .poison = net_poison,
