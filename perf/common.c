@@ -516,6 +516,11 @@ static uint64_t next_seed(rank_t *r) { return 0x5eed0000ull + r->seq++; }
 
 static void bench_time(rank_t *r, const perf_call *c, const perf_counts *cn, perf_op op,
                        int in_place, const char *opname) {
+  if (in_place && B->no_in_place) {
+    if (r->is_main)
+      printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
+    return;
+  }
   size_t es = perf_type_size(c->type);
   size_t total = (cn->sendcount > cn->recvcount ? cn->sendcount : cn->recvcount) * es;
   snprintf(r->label, sizeof(r->label), "%s %s %s root %d, %zu bytes, %s", B->name,

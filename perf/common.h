@@ -52,6 +52,7 @@ typedef struct {
   int uses_op;         /* has a reduction operator (-o applies, redop column) */
   int uses_root;       /* has a root (-r applies, root column) */
   int checks_in_place; /* 0: in place is timed but not checked (#wrong N/A), as nccl-tests */
+  int no_in_place;     /* 1: the call has no in-place form (AlltoAll): that half of the line is N/A */
   double (*busbw_factor)(int nranks);
   /* Sizes for a buffer of `count` elements (the -b..-e size divided by the
    * element size), rounded down to whole elements per rank. */

@@ -265,3 +265,100 @@ NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t da
                        .op = ncclSum, .root = -1, .peer = peer);
   return call(comm, &t, stream, "ncclRecv");
 }
+
+/* ---- AlltoAll, Gather, Scatter: one group of Send and Recv ------------- */
+
+/* What only the whole call can check, before any of its parts is queued:
+ * the root, the size of the buffers (nranks blocks), and overlap, which
+ * would have the call read what it already wrote; in place is what NCCL
+ * documents (Gather: sendbuff == recvbuff + root * count elements on the
+ * root; Scatter: recvbuff == sendbuff + root * count; AlltoAll has none,
+ * since a block would be overwritten before it is sent). */
+static ncclResult_t check_p2p_coll(const struct ncclComm *comm, enum coll_via via, const void *sendbuff,
+                                   const void *recvbuff, size_t count, ncclDataType_t dt, int root, const char *func) {
+  if ((int)dt < 0 || dt >= ncclNumTypes)
+    return err_set(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t (0..%d)", func, (int)dt,
+                   ncclNumTypes - 1);
+  if (via != VIA_ALLTOALL && (root < 0 || root >= comm->nranks))
+    return err_set(ncclInvalidArgument, "%s: root %d is out of range for a communicator of %d ranks", func, root,
+                   comm->nranks);
+  size_t es = dtype_size(dt), n = (size_t)comm->nranks;
+  if (count > SIZE_MAX / es / n)
+    return err_set(ncclInvalidArgument, "%s: count %zu times %d ranks of %s overflows the address space", func,
+                   count, comm->nranks, dtype_name(dt));
+  size_t block = count * es, all = block * n;
+  int me_root = root == comm->rank;
+  if (count == 0 || (via == VIA_GATHER && !me_root) || (via == VIA_SCATTER && !me_root) || !sendbuff || !recvbuff)
+    return ncclSuccess; /* one buffer only, or none; a NULL one is its part's sentence */
+  uintptr_t s = (uintptr_t)sendbuff, r = (uintptr_t)recvbuff;
+  size_t sbytes = via == VIA_GATHER ? block : all, rbytes = via == VIA_SCATTER ? block : all;
+  if ((via == VIA_GATHER && s == r + (size_t)root * block) || (via == VIA_SCATTER && r == s + (size_t)root * block))
+    return ncclSuccess;
+  if (s + sbytes <= r || r + rbytes <= s)
+    return ncclSuccess;
+  const char *rule = via == VIA_GATHER    ? "in place is sendbuff == recvbuff + root * count elements"
+                     : via == VIA_SCATTER ? "in place is recvbuff == sendbuff + root * count elements"
+                                          : "AlltoAll has no in-place form";
+  return err_set(ncclInvalidArgument,
+                 "%s: sendbuff %p (%zu bytes) and recvbuff %p (%zu bytes) overlap on rank %d, and %s; nothing "
+                 "was sent",
+                 func, sendbuff, sbytes, recvbuff, rbytes, comm->rank, rule);
+}
+
+static ncclResult_t p2p_coll(struct ncclComm *comm, enum coll_via via, const void *sendbuff, void *recvbuff,
+                             size_t count, ncclDataType_t dt, int root, cudaStream_t stream, const char *func) {
+  ncclResult_t r = comm_enter(comm, func);
+  if (r != ncclSuccess)
+    return finish(NULL, r);
+  r = comm_check(comm, func);
+  if (r == ncclSuccess)
+    r = check_p2p_coll(comm, via, sendbuff, recvbuff, count, dt, root, func);
+  if (r != ncclSuccess) {
+    r = finish(comm, r);
+    comm_leave(comm);
+    return r;
+  }
+  int n = comm->nranks, me = comm->rank;
+  comm_leave(comm);
+  if (count == 0)
+    return finish(comm, ncclSuccess);
+  size_t block = count * dtype_size(dt);
+  struct task t = TASK(.sendbuff = NULL, .recvbuff = NULL, .count = count, .dtype = dt, .op = ncclSum, .root = -1,
+                       .via = via);
+  pncclGroupStart();
+  for (int p = 0; p < n && r == ncclSuccess; p++) {
+    int send_to = via == VIA_GATHER ? (p == 0 ? root : -1) : via == VIA_SCATTER ? (me == root ? p : -1) : p;
+    int recv_from = via == VIA_GATHER ? (me == root ? p : -1) : via == VIA_SCATTER ? (p == 0 ? root : -1) : p;
+    if (send_to >= 0) {
+      t.coll = COLL_SEND;
+      t.peer = send_to;
+      t.sendbuff = via == VIA_GATHER ? sendbuff : (const char *)sendbuff + (size_t)p * block;
+      t.recvbuff = NULL;
+      r = call(comm, &t, stream, func);
+    }
+    if (recv_from >= 0 && r == ncclSuccess) {
+      t.coll = COLL_RECV;
+      t.peer = recv_from;
+      t.sendbuff = NULL;
+      t.recvbuff = via == VIA_SCATTER ? recvbuff : (char *)recvbuff + (size_t)p * block;
+      r = call(comm, &t, stream, func);
+    }
+  }
+  ncclResult_t e = pncclGroupEnd();
+  return r != ncclSuccess ? r : e;
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream) {
+  return p2p_coll(comm, VIA_ALLTOALL, sendbuff, recvbuff, count, datatype, -1, stream, "ncclAlltoAll");
+}
+
+NCCL_API(ncclResult_t, ncclGather, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return p2p_coll(comm, VIA_GATHER, sendbuff, recvbuff, count, datatype, root, stream, "ncclGather");
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return p2p_coll(comm, VIA_SCATTER, sendbuff, recvbuff, count, datatype, root, stream, "ncclScatter");
+}

@@ -11,10 +11,11 @@
 #include "comm/comm.h"
 
 /* Creation (init.c): a communicator struct with no rank yet; a config
- * read as far as its `size` covers (NULL: the defaults); and the whole of
+ * read by its `size` and `version` as NCCL reads it, checked, with `func`
+ * (the API call) in its sentences (NULL: the defaults); and the whole of
  * a rank's init into such a struct. */
 ncclResult_t comm_alloc(struct ncclComm **out);
-ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out);
+ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out, const char *func);
 ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
                        const ncclConfig_t *config);
 

@@ -9,9 +9,11 @@
 #include "async.h"
 #include "enqueue.h"
 #include "group.h"
+#include "plan.h"
 #include "misc/utils.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,20 +293,53 @@ NCCL_API(ncclResult_t, ncclGroupEnd, void) {
   return launch(list, 1);
 }
 
-/* Without a tuning model there is nothing to simulate with; the group is
- * closed without running, as a simulation would leave it. */
+/* The group's time as the cost model sees it, without running it: each
+ * communicator's calls one after the other (its work is serialised), the
+ * communicators side by side, so the slowest one's sum; in microseconds,
+ * as NCCL's tuner reports. The group is closed and its calls dropped. */
+static ncclResult_t simulate(struct ncclComm *list, ncclSimInfo_t *sim) {
+  double worst = 0;
+  for (struct ncclComm *c = list; c; c = c->group_next) {
+    double sum = 0;
+    for (struct task *t = c->tasks_head; t; t = t->next) {
+      double s = 0;
+      CHECK(plan_estimate(c, t, &s));
+      sum += s;
+    }
+    if (sum > worst)
+      worst = sum;
+  }
+  sim->estimatedTime = (float)(worst * 1e6);
+  return ncclSuccess;
+}
+
 NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo) {
   if (depth == 0)
     return api_finish(NULL, err_set(ncclInvalidUsage, "ncclGroupSimulateEnd called without a matching ncclGroupStart"));
-  if (--depth == 0) {
-    discard(comms_head);
-    comms_head = NULL;
-    ncclResult_t r = run_jobs(jobs_head);
-    jobs_head = jobs_tail = NULL;
-    if (r != ncclSuccess)
-      return api_finish(NULL, r);
-  }
-  return api_finish(NULL, err_set(ncclInvalidUsage,
-                                  "ncclGroupSimulateEnd is not implemented yet in Loom (it needs the tuning "
-                                  "model): the group was closed without running; use ncclGroupEnd"));
+  ncclResult_t r = ncclSuccess;
+  if (simInfo == NULL)
+    r = err_set(ncclInvalidArgument, "ncclGroupSimulateEnd: simInfo is NULL");
+  else if (simInfo->magic != 0x74685283u || simInfo->size < offsetof(ncclSimInfo_t, estimatedTime) + sizeof(float))
+    r = err_set(ncclInvalidArgument,
+                "ncclGroupSimulateEnd: simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (magic 0x%x, "
+                "size %zu)",
+                simInfo->magic, simInfo->size);
+  if (--depth > 0) /* an inner group: its calls stay in the outer one */
+    return r == ncclSuccess ? ncclSuccess : api_finish(NULL, r);
+  struct ncclComm *list = comms_head;
+  comms_head = NULL;
+  struct group_job *jobs = jobs_head;
+  jobs_head = jobs_tail = NULL;
+  /* Communicator creations in the group are real: they run. */
+  ncclResult_t jr = run_jobs(jobs);
+  if (r == ncclSuccess && first_error != ncclSuccess)
+    r = err_set(first_error, "an operation in this group failed, so there is nothing to simulate: %s",
+                first_error_msg ? first_error_msg : err_string(first_error));
+  if (r == ncclSuccess)
+    r = jr;
+  if (r == ncclSuccess)
+    r = simulate(list, simInfo);
+  first_error = ncclSuccess;
+  discard(list);
+  return api_finish(NULL, r);
 }

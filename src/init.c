@@ -27,6 +27,7 @@
 #include "transport/net/net.h"
 #include "transport/transport.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -35,8 +36,6 @@
 #include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#define CONFIG_MAGIC 0xcafebeefu
 
 static pthread_once_t banner_once = PTHREAD_ONCE_INIT;
 
@@ -59,28 +58,6 @@ NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId *uniqueId) {
   if (r == ncclSuccess)
     r = bootstrap_get_unique_id(uniqueId);
   return api_finish(NULL, r);
-}
-
-/* Reads the fields a config's `size` covers, so configs from programs
- * built against older or newer NCCL headers both work. */
-ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out) {
-  ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
-  *out = def;
-  if (in == NULL)
-    return ncclSuccess;
-  if (in->magic != CONFIG_MAGIC)
-    return err_set(ncclInvalidArgument,
-                   "config was not initialised with NCCL_CONFIG_INITIALIZER (magic 0x%x instead of 0x%x)", in->magic,
-                   CONFIG_MAGIC);
-  if (in->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || in->size > 4096)
-    return err_set(ncclInvalidArgument, "config.size %zu is not the size of any ncclConfig_t", in->size);
-  memcpy(out, in, LOOM_MIN(in->size, sizeof *out));
-  out->size = sizeof *out;
-  if (out->blocking != NCCL_CONFIG_UNDEF_INT && out->blocking != 0 && out->blocking != 1)
-    return err_set(ncclInvalidArgument, "config.blocking is %d; it must be 0 or 1", out->blocking);
-  if (out->netName != NULL)
-    CHECK(net_config_name(out->netName));
-  return ncclSuccess;
 }
 
 ncclResult_t comm_alloc(struct ncclComm **out) {
@@ -350,7 +327,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
     *out = NULL;
   CHECK(check_init_args(out, nranks, rank, id, func));
   ncclConfig_t config;
-  CHECK(comm_read_config(config_in, &config));
+  CHECK(comm_read_config(config_in, &config, func));
   struct ncclComm *comm;
   CHECK(comm_alloc(&comm));
   if (group_depth() > 0) {
@@ -550,7 +527,11 @@ static ncclResult_t split_job_run(struct group_job *job) {
 
 NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
          ncclConfig_t *config) {
-  ncclResult_t r = comm_check(comm, "ncclCommSplit");
+  /* A revoked communicator is split to go on, even where the work it
+   * stopped failed it; the bootstrap that carries the split still works. */
+  ncclResult_t r = comm_live(comm) && atomic_load(&comm->revoked) && comm->rank >= 0 && !comm_async_busy(comm)
+                       ? ncclSuccess
+                       : comm_check(comm, "ncclCommSplit");
   if (r != ncclSuccess)
     return api_finish(comm, r);
   if (newcomm == NULL)
@@ -562,7 +543,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
                                     color));
   ncclConfig_t cfg;
   if (config) {
-    r = comm_read_config(config, &cfg);
+    r = comm_read_config(config, &cfg, "ncclCommSplit");
     if (r != ncclSuccess)
       return api_finish(comm, r);
   } else {

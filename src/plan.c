@@ -281,6 +281,25 @@ ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *al
   return tuner_pick(comm->tuner, t->coll, bytes, algo, nch, NULL);
 }
 
+ncclResult_t plan_estimate(struct ncclComm *comm, const struct task *t, double *seconds) {
+  size_t bytes;
+  size_t mult = plan_gathered(t) ? (size_t)comm->nranks : 1;
+  if (__builtin_mul_overflow(t->count, dtype_size(t->dtype), &bytes) || __builtin_mul_overflow(bytes, mult, &bytes))
+    bytes = SIZE_MAX;
+  if (t->coll != COLL_SEND && t->coll != COLL_RECV) {
+    int algo, nch;
+    *seconds = 0;
+    return tuner_pick(comm->tuner, t->coll, bytes, &algo, &nch, seconds);
+  }
+  /* One message over the link to the peer: its latency and bandwidth
+   * class as the collectives' model has them; to itself, a copy. */
+  const struct tune_input *in = &comm->tuner->in;
+  int local = comm->peers[t->peer].host_hash == comm->peers[comm->rank].host_hash;
+  double bw = local ? in->bw_local : in->bw_net, lat = t->peer == comm->rank ? 0 : local ? in->lat_local : in->lat_net;
+  *seconds = lat + (bw > 0 ? (double)bytes / bw : 0);
+  return ncclSuccess;
+}
+
 ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch) {
   switch (algo) {
   case ALGO_TREE: return plan_tree(p, t, seq, nch);

@@ -77,6 +77,11 @@ static inline ncclResult_t plan_check_size(const struct ncclComm *comm, const st
  * of its largest buffer. */
 ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch);
 
+/* The cost model's time for task t alone, in seconds: the tuner's
+ * estimate for the algorithm it picks, or one message's latency and
+ * bandwidth for a Send or Recv (ncclGroupSimulateEnd). */
+ncclResult_t plan_estimate(struct ncclComm *comm, const struct task *t, double *seconds);
+
 /* The works of collective t, number seq, by algorithm algo on nch
  * channels. */
 ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch);

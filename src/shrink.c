@@ -231,7 +231,7 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
                 "communicator); wait for it, or pass NCCL_SHRINK_ABORT to stop it");
   ncclConfig_t cfg;
   if (r == ncclSuccess)
-    r = comm_read_config(config, &cfg);
+    r = comm_read_config(config, &cfg, "ncclCommShrink");
   struct ncclComm *child = NULL;
   if (r == ncclSuccess)
     r = comm_alloc(&child);

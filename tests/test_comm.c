@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "loom.h"
@@ -166,6 +167,280 @@ static int config_sized(size_t size) {
 
 TEST_IMPL(comm_config_older) { return config_sized(offsetof(ncclConfig_t, CTAPolicy)); }
 TEST_IMPL(comm_config_newer) { return config_sized(sizeof(ncclConfig_t) + 64); }
+
+/* ---- ncclConfig_t of every version ----
+ * Layouts, as NVIDIA's headers have them (x86-64): 2.14-2.16, 24 bytes
+ * (blocking); 2.17-2.26, 48 (to splitShare, trafficClass from 2.25 in
+ * what was padding before); 2.27, 72 (to nvlsCTAs); 2.30, 96. The
+ * library reads a field where `size` covers it and `version` is at least
+ * the NCCL that added it, as NVIDIA's parseCommConfig does. */
+
+union config_buf {
+  ncclConfig_t c;
+  unsigned char bytes[128];
+};
+
+/* `fields` as a program built against an older or newer header passes
+ * them: its `size` bytes of them, then whatever its memory holds (0xa5,
+ * which as an int is negative, so read it would be refused). */
+static void config_as(union config_buf *b, const ncclConfig_t *fields, size_t size, unsigned version) {
+  memset(b, 0xa5, sizeof *b);
+  memcpy(b, fields, size < sizeof *fields ? size : sizeof *fields);
+  b->c.size = size;
+  b->c.version = version;
+}
+
+/* A one-rank communicator from `cfg` (waited for, if nonblocking): it
+ * must have `want_channels` channels (0: any) and sum right. */
+static int config_one_rank(ncclConfig_t *cfg, int want_channels, int nonblocking) {
+  ncclUniqueId id;
+  ASSERT_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, 1, id, 0, cfg);
+  ASSERT_MSG(r == (nonblocking ? ncclInProgress : ncclSuccess), "ncclCommInitRankConfig returned %d: %s", (int)r,
+             ncclGetLastError(NULL));
+  for (int i = 0; r == ncclInProgress && i < 20000; i++) {
+    ASSERT_OK(ncclCommGetAsyncError(comm, &r));
+    if (r == ncclInProgress)
+      usleep(1000);
+  }
+  ASSERT_MSG(r == ncclSuccess, "the nonblocking creation ended with %d: %s", (int)r, ncclGetLastError(comm));
+  int nch = 0;
+  ASSERT_OK(loomCommChannels(comm, &nch));
+  ASSERT_MSG(want_channels == 0 || nch == want_channels, "%d channels, expected %d from minCTAs/maxCTAs", nch,
+             want_channels);
+  if (!nonblocking) {
+    ncclComm_t one[1] = {comm};
+    if (group_allreduce(one, 1) != 0)
+      return 1;
+  }
+  ASSERT_OK(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* Every field a 2.30 header has, set to a value NVIDIA takes. */
+static ncclConfig_t config_v230(void) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 1;
+  c.cgaClusterSize = 2;
+  c.minCTAs = 3;
+  c.maxCTAs = 3;
+  c.netName = "socket"; /* NCCL_NET's plugin, in any case */
+  c.splitShare = 0;
+  c.trafficClass = 5;
+  c.commName = "loom-config-v230";
+  c.collnetEnable = 0;
+  c.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY;
+  c.shrinkShare = 1;
+  c.nvlsCTAs = 4;
+  c.nChannelsPerNetPeer = 2;
+  c.nvlinkCentricSched = 1;
+  c.graphUsageMode = 1;
+  c.numRmaCtx = 0;
+  c.maxP2pPeers = 8;
+  c.graphStreamOrdering = 1;
+  return c;
+}
+
+TEST_IMPL(comm_config_v230) {
+  setenv("NCCL_NET", "Socket", 1);
+  ncclConfig_t c = config_v230();
+  ASSERT(c.size == 96 || sizeof(void *) != 8);
+  ASSERT(c.version == 23007);
+  if (config_one_rank(&c, 3, 0) != 0)
+    return 1;
+  /* What NVIDIA takes and adjusts is taken too: channel counts beyond
+   * the library's (Loom's 32, NVIDIA's 64) are capped, both CTA policies
+   * become ZERO, and unordered graph streams with graph mixing (the
+   * default graphUsageMode) ordered ones. */
+  c.minCTAs = 64;
+  c.maxCTAs = 64;
+  c.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO;
+  c.graphUsageMode = NCCL_CONFIG_UNDEF_INT;
+  c.graphStreamOrdering = 0;
+  c.collnetEnable = 1;
+  c.nChannelsPerNetPeer = 64;
+  return config_one_rank(&c, 32, 0);
+}
+
+/* One bad field each, NVIDIA's refusals: ncclInvalidArgument, a sentence
+ * naming the call, the field and the value, and no communicator. */
+struct bad_config {
+  const char *what[3]; /* words the sentence must hold */
+  int field;
+  int value;
+};
+
+enum {
+  F_BLOCKING, F_CGA, F_MIN, F_MAX, F_MINMAX, F_SPLIT, F_COLLNET, F_POLICY, F_SHRINK, F_NVLS, F_PERPEER,
+  F_NVLINK, F_GRAPH, F_RMA, F_P2P, F_ORDER, F_NETEMPTY, F_NETCTRL, F_SIZE, F_MAGIC, F_NBMIN
+};
+
+static void bad_apply(ncclConfig_t *c, const struct bad_config *b) {
+  switch (b->field) {
+  case F_BLOCKING: c->blocking = b->value; break;
+  case F_CGA: c->cgaClusterSize = b->value; break;
+  case F_MIN: c->minCTAs = b->value; break;
+  case F_MAX: c->maxCTAs = b->value; break;
+  case F_MINMAX: c->minCTAs = 8; c->maxCTAs = 4; break;
+  case F_SPLIT: c->splitShare = b->value; break;
+  case F_COLLNET: c->collnetEnable = b->value; break;
+  case F_POLICY: c->CTAPolicy = b->value; break;
+  case F_SHRINK: c->shrinkShare = b->value; break;
+  case F_NVLS: c->nvlsCTAs = b->value; break;
+  case F_PERPEER: c->nChannelsPerNetPeer = b->value; break;
+  case F_NVLINK: c->nvlinkCentricSched = b->value; break;
+  case F_GRAPH: c->graphUsageMode = b->value; break;
+  case F_RMA: c->numRmaCtx = b->value; break;
+  case F_P2P: c->maxP2pPeers = b->value; break;
+  case F_ORDER: c->graphStreamOrdering = b->value; break;
+  case F_NETEMPTY: c->netName = ""; break;
+  case F_NETCTRL: c->netName = "Sock\net"; break;
+  case F_SIZE: c->size = (size_t)b->value; break;
+  case F_MAGIC: c->magic = (unsigned)b->value; break;
+  case F_NBMIN: c->blocking = 0; c->minCTAs = b->value; break;
+  }
+}
+
+static const struct bad_config bad_configs[] = {
+    {{"config.blocking", "2"}, F_BLOCKING, 2},
+    {{"config.cgaClusterSize", "-1"}, F_CGA, -1},
+    {{"config.minCTAs", "0"}, F_MIN, 0},
+    {{"config.maxCTAs", "-4"}, F_MAX, -4},
+    {{"config.minCTAs (8) is larger than config.maxCTAs (4)"}, F_MINMAX, 0},
+    {{"config.splitShare", "2"}, F_SPLIT, 2},
+    {{"config.collnetEnable", "-1"}, F_COLLNET, -1},
+    {{"config.CTAPolicy", "4"}, F_POLICY, 4},
+    {{"config.CTAPolicy", "-2"}, F_POLICY, -2},
+    {{"config.shrinkShare", "3"}, F_SHRINK, 3},
+    {{"config.nvlsCTAs", "0"}, F_NVLS, 0},
+    {{"config.nChannelsPerNetPeer", "0"}, F_PERPEER, 0},
+    {{"config.nChannelsPerNetPeer", "65"}, F_PERPEER, 65},
+    {{"config.nvlinkCentricSched", "2"}, F_NVLINK, 2},
+    {{"config.graphUsageMode", "3"}, F_GRAPH, 3},
+    {{"config.numRmaCtx", "-1"}, F_RMA, -1},
+    {{"config.maxP2pPeers", "0"}, F_P2P, 0},
+    {{"config.graphStreamOrdering", "2"}, F_ORDER, 2},
+    {{"config.netName", "empty"}, F_NETEMPTY, 0},
+    {{"config.netName", "control character 0x0a"}, F_NETCTRL, 0},
+    {{"config.size 8", "magic"}, F_SIZE, 8},
+    {{"NCCL_CONFIG_INITIALIZER", "0x12345678"}, F_MAGIC, 0x12345678},
+    /* A nonblocking creation is refused at once, not in the background. */
+    {{"config.minCTAs", "-1"}, F_NBMIN, -1},
+};
+
+static int refused(ncclResult_t r, const char *func, const struct bad_config *b) {
+  const char *msg = ncclGetLastError(NULL);
+  ASSERT_MSG(r == ncclInvalidArgument, "%s with %s returned %d: %s", func, b->what[0], (int)r, msg);
+  ASSERT_MSG(strstr(msg, func) != NULL, "the sentence for %s does not name %s: %s", b->what[0], func, msg);
+  for (int k = 0; k < 3 && b->what[k]; k++)
+    ASSERT_MSG(strstr(msg, b->what[k]) != NULL, "the sentence for %s lacks \"%s\": %s", b->what[0], b->what[k], msg);
+  return 0;
+}
+
+TEST_IMPL(comm_config_refused) {
+  setenv("NCCL_NET", "Socket", 1);
+  ncclUniqueId id;
+  ASSERT_OK(ncclGetUniqueId(&id));
+  size_t nbad = sizeof bad_configs / sizeof bad_configs[0];
+  for (size_t i = 0; i < nbad; i++) {
+    ncclConfig_t c = config_v230();
+    bad_apply(&c, &bad_configs[i]);
+    ncclComm_t comm = (ncclComm_t)(void *)&id;
+    if (refused(ncclCommInitRankConfig(&comm, 1, id, 0, &c), "ncclCommInitRankConfig", &bad_configs[i]) != 0)
+      return 1;
+    ASSERT_MSG(comm == NULL, "a refused config (%s) left %p in *comm", bad_configs[i].what[0], (void *)comm);
+  }
+  /* Nothing of that reached the bootstrap: the id still makes a
+   * communicator, whose split and shrink refuse the same configs. */
+  ncclComm_t comm;
+  ASSERT_OK(ncclCommInitRank(&comm, 1, id, 0));
+  for (size_t i = 0; i < nbad; i++) {
+    ncclConfig_t c = config_v230();
+    bad_apply(&c, &bad_configs[i]);
+    ncclComm_t child = comm;
+    if (refused(ncclCommSplit(comm, 0, 0, &child, &c), "ncclCommSplit", &bad_configs[i]) != 0)
+      return 1;
+    ASSERT_MSG(child == NULL, "ncclCommSplit refused a config (%s) but left %p", bad_configs[i].what[0],
+               (void *)child);
+    child = comm;
+    if (refused(ncclCommShrink(comm, NULL, 0, &child, &c, NCCL_SHRINK_DEFAULT), "ncclCommShrink", &bad_configs[i]) !=
+        0)
+      return 1;
+    ASSERT_MSG(child == NULL, "ncclCommShrink refused a config (%s) but left %p", bad_configs[i].what[0],
+               (void *)child);
+  }
+  ncclComm_t one[1] = {comm};
+  if (group_allreduce(one, 1) != 0)
+    return 1;
+  ASSERT_OK(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* From a newer header than the library's: its size (128 here, or any,
+ * as NVIDIA clamps what it does not know) and version, fields the
+ * library does not know after the 2.30 ones; those it knows are read. */
+TEST_IMPL(comm_config_larger) {
+  setenv("NCCL_NET", "Socket", 1);
+  ncclConfig_t c = config_v230();
+  c.minCTAs = 2;
+  c.maxCTAs = 2;
+  union config_buf b;
+  config_as(&b, &c, sizeof b, 23300);
+  if (config_one_rank(&b.c, 2, 0) != 0)
+    return 1;
+  b.c.size = (size_t)1 << 40;
+  return config_one_rank(&b.c, 2, 0);
+}
+
+/* A 2.27 program's config, 72 bytes: its fields are honoured (blocking 0,
+ * minCTAs), the bytes after it never read; nor are 2.28-2.30 fields that
+ * a larger size covers in a config whose version predates them. */
+TEST_IMPL(comm_config_v227) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  c.minCTAs = 2;
+  c.maxCTAs = 2;
+  c.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  c.nvlsCTAs = 2;
+  union config_buf b;
+  config_as(&b, &c, offsetof(ncclConfig_t, nvlsCTAs) + sizeof(int), NCCL_VERSION(2, 27, 3));
+  ASSERT(b.c.size == 72 || sizeof(void *) != 8);
+  if (config_one_rank(&b.c, 2, 1) != 0)
+    return 1;
+  config_as(&b, &c, sizeof c, NCCL_VERSION(2, 27, 3));
+  b.c.blocking = 1;
+  b.c.nChannelsPerNetPeer = 0;
+  b.c.graphUsageMode = 9;
+  b.c.graphStreamOrdering = -3;
+  return config_one_rank(&b.c, 2, 0);
+}
+
+/* Older still: a 2.19 config (48 bytes, trafficClass's place padding, so
+ * garbage) and a 2.14 one (24 bytes, blocking alone); and fields a config
+ * of 2.16 has no say over are ignored whatever they hold. */
+TEST_IMPL(comm_config_v219) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 1;
+  c.minCTAs = 2;
+  c.maxCTAs = 2;
+  c.splitShare = 1;
+  union config_buf b;
+  config_as(&b, &c, offsetof(ncclConfig_t, trafficClass), NCCL_VERSION(2, 19, 3));
+  ASSERT(b.c.size == 44 || sizeof(void *) != 8);
+  b.c.size = 48; /* the compiler's padding after splitShare */
+  if (config_one_rank(&b.c, 2, 0) != 0)
+    return 1;
+  config_as(&b, &c, 24, NCCL_VERSION(2, 14, 3));
+  b.c.cgaClusterSize = -5; /* padding in 2.14's layout */
+  if (config_one_rank(&b.c, 0, 0) != 0)
+    return 1;
+  config_as(&b, &c, sizeof c, NCCL_VERSION(2, 16, 5));
+  b.c.minCTAs = 0;
+  b.c.maxCTAs = -1;
+  b.c.netName = "";
+  return config_one_rank(&b.c, 0, 0);
+}
 
 /* ---- split ---- */
 
@@ -420,6 +695,9 @@ TEST_IMPL(comm_window_register) {
 }
 
 TEST_IMPL(comm_mem_alloc) {
+  /* Host memory where this thread would make host communicators; the
+   * device case is gpu_mem_alloc. */
+  setenv("LOOM_DEVICE", "host", 1);
   void *p = NULL;
   ASSERT_OK(ncclMemAlloc(&p, N * sizeof(float)));
   ASSERT(p != NULL);
@@ -432,7 +710,14 @@ TEST_IMPL(comm_mem_alloc) {
     ASSERT(f[i] == (float)i);
   ASSERT_OK(ncclCommDestroy(comm));
   ASSERT_OK(ncclMemFree(p));
+  /* Freed twice, or never allocated here: refused, nothing freed. */
+  ASSERT(ncclMemFree(p) == ncclInvalidArgument);
+  ASSERT_MSG(strstr(ncclGetLastError(NULL), "not returned by ncclMemAlloc") != NULL, "%s", ncclGetLastError(NULL));
+  static char stack_like[64];
+  ASSERT(ncclMemFree(stack_like) == ncclInvalidArgument);
+  ASSERT_OK(ncclMemFree(NULL));
   ASSERT(ncclMemAlloc(NULL, 64) == ncclInvalidArgument);
+  ASSERT(ncclMemAlloc(&p, 0) == ncclInvalidArgument && p == NULL);
   return 0;
 }
 

@@ -521,18 +521,43 @@ static int redop_destroy_negative(ncclComm_t comm, int rank, int nranks) {
 
 TEST_IMPL(errors_redop_destroy_negative) { return on_two_ranks(redop_destroy_negative); }
 
-/* ---- not implemented yet ---- */
+/* ---- a simulated group ---- */
 
-static int not_implemented(ncclComm_t comm, int rank, int nranks) {
-  /* The simulated group is closed, not left open. */
-  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+/* ncclGroupSimulateEnd estimates the group from the cost model, runs none
+ * of it (the buffers keep their values), and closes the group. */
+static int group_simulate(ncclComm_t comm, int rank, int nranks) {
+  enum { N = 1 << 20 };
+  float *b = malloc(N * sizeof(float));
+  RASSERT(b != NULL, "out of memory");
+  for (int i = 0; i < N; i++)
+    b[i] = (float)(rank + 1);
+  ncclSimInfo_t small = NCCL_SIM_INFO_INITIALIZER, big = NCCL_SIM_INFO_INITIALIZER;
   RCHECK(comm, ncclGroupStart());
-  EXPECT(NULL, ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "ncclGroupSimulateEnd", "not implemented");
+  RCHECK(comm, ncclAllReduce(b, b, 1024, ncclFloat, ncclSum, comm, NULL));
+  RCHECK(comm, ncclGroupSimulateEnd(&small));
+  RCHECK(comm, ncclGroupStart());
+  RCHECK(comm, ncclAllReduce(b, b, N, ncclFloat, ncclSum, comm, NULL));
+  RCHECK(comm, ncclSend(b, N, ncclFloat, 1 - rank, comm, NULL));
+  RCHECK(comm, ncclRecv(b, N, ncclFloat, 1 - rank, comm, NULL));
+  RCHECK(comm, ncclGroupSimulateEnd(&big));
+  RASSERT(small.estimatedTime > 0 && big.estimatedTime > small.estimatedTime,
+          "estimated %g us for 4 KiB, %g us for 4 MiB and a send", small.estimatedTime, big.estimatedTime);
+  for (int i = 0; i < N; i++)
+    RASSERT(b[i] == (float)(rank + 1), "element %d is %g: the simulated group ran", i, b[i]);
+  /* The simulated group is closed, not left open. */
   EXPECT(NULL, ncclGroupEnd(), ncclInvalidUsage, "without a matching ncclGroupStart");
+  ncclSimInfo_t bad = {0};
+  RCHECK(comm, ncclGroupStart());
+  EXPECT(NULL, ncclGroupSimulateEnd(&bad), ncclInvalidArgument, "ncclGroupSimulateEnd", "NCCL_SIM_INFO_INITIALIZER");
+  EXPECT(NULL, ncclGroupSimulateEnd(&small), ncclInvalidUsage, "without a matching ncclGroupStart");
+  /* And the communicator still works. */
+  RCHECK(comm, ncclAllReduce(b, b, N, ncclFloat, ncclSum, comm, NULL));
+  RASSERT(b[0] == 3.0f && b[N - 1] == 3.0f, "the sum is %g", b[0]);
+  free(b);
   return 0;
 }
 
-TEST_IMPL(errors_not_implemented) { return on_two_ranks(not_implemented); }
+TEST_IMPL(errors_group_simulate) { return on_two_ranks(group_simulate); }
 
 TEST_IMPL(errors_init_scalable) {
   ncclUniqueId ids[2];

@@ -288,8 +288,40 @@ TEST_IMPL(gpu_mismatch) {
   return run_ranks(2, mismatch_rank, NULL);
 }
 
+/* ncclMemAlloc on a thread that makes CUDA communicators: device memory
+ * that CUDA IPC can share and a collective can use; ncclMemFree frees it
+ * once. */
+TEST_IMPL(gpu_mem_alloc) {
+  NEED_GPU();
+  ASSERT(cudaSetDevice(0) == cudaSuccess);
+  enum { N = 4096 };
+  float *d = NULL;
+  ASSERT_OK(ncclMemAlloc((void **)&d, N * sizeof(float)));
+  struct cudaPointerAttributes a;
+  ASSERT(cudaPointerGetAttributes(&a, d) == cudaSuccess && a.type == cudaMemoryTypeDevice && a.device == 0);
+  cudaIpcMemHandle_t h;
+  ASSERT(cudaIpcGetMemHandle(&h, d) == cudaSuccess);
+  float x[N], y[N];
+  for (int i = 0; i < N; i++)
+    x[i] = (float)i;
+  ASSERT(cudaMemcpy(d, x, sizeof x, cudaMemcpyHostToDevice) == cudaSuccess);
+  ncclComm_t comm;
+  int dev = 0;
+  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
+  ASSERT_OK(ncclAllReduce(d, d, N, ncclFloat, ncclSum, comm, NULL));
+  ASSERT(cudaStreamSynchronize(NULL) == cudaSuccess);
+  ASSERT(cudaMemcpy(y, d, sizeof y, cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (int i = 0; i < N; i++)
+    ASSERT_MSG(y[i] == x[i], "element %d is %g", i, y[i]);
+  ASSERT_OK(ncclCommDestroy(comm));
+  ASSERT_OK(ncclMemFree(d));
+  ASSERT(ncclMemFree(d) == ncclInvalidArgument);
+  return 0;
+}
+
 #else
 
+NO_CUDA(gpu_mem_alloc)
 NO_CUDA(gpu_coll_1)
 NO_CUDA(gpu_coll_2)
 NO_CUDA(gpu_coll_4)

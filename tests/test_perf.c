@@ -43,7 +43,7 @@ TEST_IMPL(perf_all_reduce_processes) {
 
 TEST_IMPL(perf_every_benchmark) {
   static const char *benches[] = {"all_gather_perf", "reduce_scatter_perf", "broadcast_perf", "reduce_perf",
-                                  "sendrecv_perf", "alltoall_perf"};
+                                  "sendrecv_perf", "alltoall_perf", "gather_perf", "scatter_perf"};
   for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", LOOM_PERF_DIR, benches[i]);

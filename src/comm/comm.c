@@ -33,6 +33,11 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
     return busy_refusal(func);
   if (comm->rank < 0)
     return err_set(ncclInvalidUsage, "%s: the communicator is still being created; call ncclGroupEnd first", func);
+  if (atomic_load(&comm->revoked))
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator was revoked (ncclCommRevoke); only ncclCommSplit, ncclCommShrink, "
+                   "ncclCommDestroy and ncclCommAbort may follow",
+                   func);
   if (comm->async_error != ncclSuccess)
     return err_set(comm->async_error, "%s: the communicator failed earlier and can only be destroyed or aborted: %s",
                    func, comm->first_error);

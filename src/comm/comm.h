@@ -128,6 +128,8 @@ struct ncclComm {
   void (*poison_conns)(struct ncclComm *comm, const char *why);
   /* Set by ncclCommAbort or by a failure; every wait polls it. */
   volatile int abort_flag;
+  /* ncclCommRevoke: no more calls but split, shrink, destroy and abort. */
+  _Atomic int revoked;
   /* 1 while a thread is inside a call on this communicator (NCCL allows
    * one at a time): ncclCommAbort from another thread waits for it to see
    * abort_flag and leave before it frees anything. */

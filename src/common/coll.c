@@ -12,14 +12,19 @@ const char *coll_name(enum coll_kind coll) {
   return (int)coll >= 0 && coll < COLL_COUNT ? coll_names[coll] : "?";
 }
 
+const char *coll_via_name(enum coll_via via) {
+  static const char *names[] = {"", "AlltoAll", "Gather", "Scatter"};
+  return (int)via >= 0 && via <= VIA_SCATTER ? names[via] : "?";
+}
+
 void task_describe(const struct task *t, char *buf, size_t len) {
   static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
   const char *op = t->op >= 0 && t->op < ncclNumOps ? ops[t->op] : "premulsum";
   switch (t->coll) {
   case COLL_SEND:
   case COLL_RECV:
-    snprintf(buf, len, "%s(count %zu, %s, %s rank %d)", coll_name(t->coll), t->count, dtype_name(t->dtype),
-             t->coll == COLL_SEND ? "to" : "from", t->peer);
+    snprintf(buf, len, "%s(count %zu, %s, %s rank %d)%s%s", coll_name(t->coll), t->count, dtype_name(t->dtype),
+             t->coll == COLL_SEND ? "to" : "from", t->peer, t->via ? " of " : "", coll_via_name(t->via));
     break;
   case COLL_BROADCAST:
     snprintf(buf, len, "Broadcast(count %zu, %s, root %d)", t->count, dtype_name(t->dtype), t->root);

@@ -28,6 +28,12 @@ enum coll_kind {
 /* "AllReduce" and so on; "?" for a value that is no kind. */
 const char *coll_name(enum coll_kind coll);
 
+/* The collectives made of point-to-point operations, one Send and one
+ * Recv per peer in one group: a task of theirs is a Send or Recv that
+ * says which call it belongs to, in sentences. */
+enum coll_via { VIA_NONE = 0, VIA_ALLTOALL, VIA_GATHER, VIA_SCATTER };
+const char *coll_via_name(enum coll_via via);
+
 struct task {
   enum coll_kind coll;
   const void *sendbuff;
@@ -41,6 +47,7 @@ struct task {
   struct red_op red;
   const void *scalar_dev; /* PreMulSum scalar the kernel reads (device residence) */
   int call_check;         /* the all-gather of LOOM_CHECK_CALLS, not a user's call */
+  int via;                /* enum coll_via: the call a Send or Recv is part of */
   struct task *next;
 };
 

@@ -6,8 +6,13 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A Send's or Recv's op field carries the collective it is part of
+ * (enum coll_via), for sentences only: slot_matches does not compare it,
+ * since the pairing of sends and receives is all that must agree. */
 static uint8_t op_code(const struct task *t) {
-  if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER || t->coll == COLL_SEND || t->coll == COLL_RECV)
+  if (t->coll == COLL_SEND || t->coll == COLL_RECV)
+    return (uint8_t)t->via;
+  if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER)
     return 0;
   return t->op < ncclNumOps ? (uint8_t)t->op : (uint8_t)ncclNumOps;
 }
@@ -25,7 +30,9 @@ void slot_describe(const struct slot_hdr *h, char *buf, size_t len) {
     n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", %s", op_label(h->op));
   if (coll == COLL_REDUCE || coll == COLL_BROADCAST)
     n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ", root %d", h->root);
-  snprintf(buf + n, len > (size_t)n ? len - n : 0, ")");
+  n += snprintf(buf + n, len > (size_t)n ? len - n : 0, ")");
+  if ((coll == COLL_SEND || coll == COLL_RECV) && h->op != VIA_NONE)
+    snprintf(buf + n, len > (size_t)n ? len - n : 0, " of %s", coll_via_name(h->op));
 }
 
 static void common(const struct task *t, uint64_t seq, struct slot_hdr *h) {
@@ -49,7 +56,8 @@ void slot_expect(const struct task *t, uint64_t seq, struct slot_hdr *h) {
 }
 
 int slot_matches(const struct slot_hdr *want, const struct slot_hdr *got, int check_seq) {
-  return got->coll == want->coll && got->dtype == want->dtype && got->count == want->count && got->op == want->op &&
+  return got->coll == want->coll && got->dtype == want->dtype && got->count == want->count &&
+         (got->op == want->op || got->coll == COLL_SEND) &&
          got->root == want->root && (!check_seq || got->seq == want->seq) && got->bytes == want->bytes;
 }
 

@@ -96,6 +96,7 @@ const char *err_string(ncclResult_t code) {
   case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
   case ncclRemoteError: return "remote process exited or there was a network error";
   case ncclInProgress: return "NCCL operation in progress";
+  case ncclTimeout: return "operation timed out";
   default: return "unknown result code";
   }
 }

@@ -66,6 +66,24 @@ int64_t param_int(enum param_id id) {
   return v;
 }
 
+int param_set_valid(enum param_id id) {
+  const struct param_desc *p = &params[id];
+  const char *s = getenv(p->name);
+  if (s == NULL || s[0] == '\0')
+    return 0;
+  int64_t v;
+  return p->type == PARAM_STR || parse_int(p, s, &v) == 0;
+}
+
+/* A linear scan: the table has a few dozen entries and lookups by name
+ * come from the parameter API, never from a hot path. */
+int param_find(const char *name) {
+  for (int i = 0; name != NULL && i < P_COUNT; i++)
+    if (strcmp(params[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
 ncclResult_t param_check_all(void) {
   for (int i = 0; i < P_COUNT; i++) {
     const struct param_desc *p = &params[i];

@@ -35,6 +35,12 @@ int64_t param_int(enum param_id id);
 const char *param_str(enum param_id id);
 /* Whether the variable is set to a non-empty value. */
 int param_is_set(enum param_id id);
+/* Whether the variable is set to a value param_int or param_str uses
+ * (for numbers: one that parses and lies within the range), so that a
+ * report can tell a set value from a default that stands in for a bad one. */
+int param_set_valid(enum param_id id);
+/* The id whose variable is named exactly `name` (case-sensitive), or -1. */
+int param_find(const char *name);
 
 /* Validates every numeric parameter that is set; returns
  * ncclInvalidArgument with a sentence naming the first bad one. */

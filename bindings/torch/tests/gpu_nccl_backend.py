@@ -9,8 +9,9 @@ already-loaded library then serves the soname libnccl.so.2, also over a
 wheel's RPATH to its own copy; docs/pytorch.md), and NCCL_DEBUG=VERSION so
 that the library prints its banner. Each rank, a process on the same GPU
 (Loom allows several ranks per device), then:
-- checks that the libnccl.so.2 mapped into it is LOOM_NCCL_LIB and no
-  other, and that the library exports Loom's own loomTransports;
+- checks that the nccl* calls resolve to LOOM_NCCL_LIB (NVIDIA's copy may
+  be mapped too, loaded by path by the pip layout, and must serve nothing),
+  and that the library exports Loom's own loomTransports;
 - runs every collective torch.distributed has for the nccl backend
   (all_reduce with each op, all_gather, all_gather_into_tensor,
   reduce_scatter, reduce_scatter_tensor, broadcast, reduce, send/recv,
@@ -52,10 +53,36 @@ def mapped_libnccl():
     return seen
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def defining_file(name):
+    """The file that defines the symbol `name` as this process resolves it
+    (the global scope, where LD_PRELOAD comes first)."""
+    addr = ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
+    info = _DlInfo()
+    libdl = ctypes.CDLL(None)
+    libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not libdl.dladdr(addr, ctypes.byref(info)) or not info.dli_fname:
+        raise AssertionError(f"dladdr cannot place {name}")
+    return os.path.realpath(info.dli_fname.decode())
+
+
 def check_library(want):
+    """Loom serves the nccl* calls. The pip layout may also load NVIDIA's
+    libnccl.so.2 by path (torch's RPATH, its preloading of CUDA libraries):
+    mapped, but the preloaded library comes first in the global scope, so
+    what matters is where the symbols resolve, not what is mapped."""
     libs = mapped_libnccl()
-    if libs != {os.path.realpath(want)}:
-        raise AssertionError(f"libnccl.so mapped here: {sorted(libs)}, expected only {want}")
+    want = os.path.realpath(want)
+    if want not in libs:
+        raise AssertionError(f"libnccl.so mapped here: {sorted(libs)}, none is {want}")
+    for name in ("ncclCommInitRank", "ncclAllReduce", "ncclGetVersion"):
+        where = defining_file(name)
+        if where != want:
+            raise AssertionError(f"{name} resolves to {where}, not Loom's {want}")
     try:
         ctypes.CDLL(None).loomTransports
     except AttributeError:

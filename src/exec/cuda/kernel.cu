@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "core.h"
+#include "common/coll.h"
 #include "exec/cuda/dev.h"
 
 /* ---- element types ----------------------------------------------------- */
@@ -300,7 +301,9 @@ __device__ void write_hdr(char *slot, const struct slot_hdr &h) {
 }
 
 __device__ bool hdr_matches(const struct slot_hdr &want, const struct slot_hdr &got, int check_seq) {
-  return got.coll == want.coll && got.dtype == want.dtype && got.count == want.count && got.op == want.op &&
+  /* A Send's op is the collective it belongs to, for sentences only. */
+  return got.coll == want.coll && got.dtype == want.dtype && got.count == want.count &&
+         (got.op == want.op || got.coll == COLL_SEND) &&
          got.root == want.root && (!check_seq || got.seq == want.seq) && got.bytes == want.bytes;
 }
 
