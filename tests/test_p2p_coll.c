@@ -169,6 +169,8 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   const char *why = ncclGetLastError(comm);
   RASSERT(strstr(why, "AlltoAll") != NULL, "the sentence does not name the AlltoAll: %s", why);
   ncclCommAbort(comm);
+  tbuf_free(s);
+  tbuf_free(r);
   return 0;
 }
 
