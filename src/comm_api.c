@@ -15,6 +15,7 @@
 #include "loom.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "rma.h"
 #include "status.h"
 #include "transport/transport.h"
 
@@ -55,6 +56,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   transport_each_conn(comm, free_conn_cb, NULL);
   cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
+  rma_destroy(comm);
   for (int r = 0; comm->peer_pidfd && r < comm->nranks; r++)
     if (comm->peer_pidfd[r] >= 0)
       close(comm->peer_pidfd[r]);
@@ -216,99 +218,6 @@ NCCL_API(void, ncclResetDebugInit, void) { log_reset(); }
  * ncclResetDebugInit calls; a program linked against it may bind it. */
 NCCL_API(void, ncclResetDebugInitInternal, void) { log_reset(); }
 
-/* ncclMemAlloc's memory: device memory (cudaMalloc, which CUDA IPC can
- * share and a CUDA communicator can register) where this thread would
- * make a CUDA communicator, page-aligned host memory where it would make a
- * host one. The allocations are remembered, so that ncclMemFree frees
- * each the way it was made and refuses a pointer that is not one. */
-struct mem_block {
-  void *ptr;
-  int device; /* -1: host memory */
-};
-static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct mem_block *mem_blocks;
-static size_t mem_count, mem_cap;
-
-static ncclResult_t mem_remember(void *ptr, int device) {
-  pthread_mutex_lock(&mem_lock);
-  if (mem_count == mem_cap) {
-    size_t cap = mem_cap ? 2 * mem_cap : 16;
-    struct mem_block *b = realloc(mem_blocks, cap * sizeof *b);
-    if (!b) {
-      pthread_mutex_unlock(&mem_lock);
-      return err_set(ncclSystemError, "ncclMemAlloc: out of memory recording an allocation");
-    }
-    mem_blocks = b;
-    mem_cap = cap;
-  }
-  mem_blocks[mem_count++] = (struct mem_block){ptr, device};
-  pthread_mutex_unlock(&mem_lock);
-  return ncclSuccess;
-}
-
-/* The device `ptr` was allocated on (-1: host), removed from the record;
- * -2 if ncclMemAlloc did not return it. */
-static int mem_forget(void *ptr) {
-  int device = -2;
-  pthread_mutex_lock(&mem_lock);
-  for (size_t i = 0; i < mem_count; i++)
-    if (mem_blocks[i].ptr == ptr) {
-      device = mem_blocks[i].device;
-      mem_blocks[i] = mem_blocks[--mem_count];
-      break;
-    }
-  pthread_mutex_unlock(&mem_lock);
-  return device;
-}
-
-NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size) {
-  if (ptr == NULL)
-    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL"));
-  *ptr = NULL;
-  if (size == 0)
-    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0"));
-  int device = cuda_pick_device();
-  void *p = NULL;
-  ncclResult_t r = ncclSuccess;
-  if (device >= 0) {
-    r = cuda_malloc(&p, size, "ncclMemAlloc");
-    if (r != ncclSuccess)
-      err_context("ncclMemAlloc on device %d", device);
-  } else if (posix_memalign(&p, 4096, size) != 0) {
-    p = NULL;
-    r = err_set(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
-  }
-  if (r == ncclSuccess && (r = mem_remember(p, device)) != ncclSuccess) {
-    if (device >= 0)
-      cuda_free(p);
-    else
-      free(p);
-  }
-  if (r == ncclSuccess)
-    *ptr = p;
-  return api_finish(NULL, r);
-}
-
-NCCL_API(ncclResult_t, ncclMemFree, void *ptr) {
-  if (ptr == NULL)
-    return ncclSuccess;
-  int device = mem_forget(ptr);
-  if (device == -2)
-    return api_finish(NULL, err_set(ncclInvalidArgument,
-                                    "ncclMemFree: %p was not returned by ncclMemAlloc (or was freed already); "
-                                    "nothing was freed",
-                                    ptr));
-  if (device >= 0) {
-    int saved = cuda_current_device();
-    cuda_set_device(device);
-    cuda_free(ptr);
-    cuda_restore_device(saved);
-  } else {
-    free(ptr);
-  }
-  return ncclSuccess;
-}
-
 /* Registration is a hint: host collectives work the same without it, so a
  * handle records the range and nothing else yet. */
 struct reg_handle {
@@ -349,29 +258,6 @@ NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void *buff, size
 
 NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void *handle) {
   return api_finish(comm, reg_free(comm, handle, "ncclCommDeregister"));
-}
-
-NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
-         int winFlags) {
-  if (winFlags & ~(NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC))
-    return api_finish(comm, err_set(ncclInvalidArgument, "ncclCommWindowRegister: unknown flags 0x%x", winFlags));
-  return api_finish(comm, reg_new(comm, buff, size, (void **)win, "ncclCommWindowRegister"));
-}
-
-NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) {
-  return api_finish(comm, reg_free(comm, win, "ncclCommWindowDeregister"));
-}
-
-NCCL_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void **outUserPtr) {
-  ncclResult_t r = comm_check(comm, "ncclWinGetUserPtr");
-  const struct reg_handle *h = (const struct reg_handle *)win;
-  if (r == ncclSuccess && outUserPtr == NULL)
-    r = err_set(ncclInvalidArgument, "ncclWinGetUserPtr: outUserPtr is NULL");
-  if (r == ncclSuccess && (h == NULL || h->magic != REG_MAGIC || h->comm != comm))
-    r = err_set(ncclInvalidArgument, "ncclWinGetUserPtr: the window was not registered on this communicator");
-  if (r == ncclSuccess)
-    *outUserPtr = h->buff;
-  return api_finish(comm, r);
 }
 
 /* ---- PreMulSum operators ---- */

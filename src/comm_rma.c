@@ -1,50 +1,319 @@
 /*
- * NCCL 2.29-2.30's one-sided operations on registered windows (put with
- * a signal, signal, wait for signals) and the pointers through which a
- * peer's window is loaded and stored directly. Not built yet: windows are
- * registered on one rank only so far (comm_api.c), and these need every
- * rank's window exchanged and mapped. Each call says so and changes
- * nothing.
+ * NCCL 2.29-2.30's one-sided operations on registered windows: a put
+ * with a signal, a signal, a wait for signals, and the pointers through
+ * which a peer's window is loaded and stored directly. On a host
+ * communicator, between ranks of one host, a put copies straight into
+ * the peer's window as this process maps it (comm_mem.c), then raises a
+ * counter of the peer's (release); a wait reads its own counters
+ * (acquire) and consumes what it waited for. Peers on other hosts and
+ * CUDA communicators are refused with a sentence: not built yet.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
 #include "api.h"
 #include "comm_api.h"
+#include "common/dtype.h"
+#include "group.h"
+#include "misc/utils.h"
+#include "rma.h"
 
-static ncclResult_t not_yet(const struct ncclComm *comm, const char *func, const char *what) {
-  if (comm)
-    CHECK(comm_check(comm, func));
-  return err_set(ncclInvalidUsage,
-                 "%s (%s) is not implemented yet in Loom; use ncclSend and ncclRecv in a group. Nothing was done",
-                 func, what);
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The checks every one-sided call starts with. */
+static ncclResult_t rma_check_comm(struct ncclComm *comm, cudaStream_t stream, const char *func) {
+  CHECK(comm_check(comm, func));
+  if (!comm->is_host)
+    return err_set(ncclInvalidUsage,
+                   "%s on a CUDA communicator is not implemented yet in Loom; use ncclSend and ncclRecv in a group. "
+                   "Nothing was done",
+                   func);
+  if (stream != NULL)
+    return err_set(ncclInvalidArgument,
+                   "%s: stream must be NULL on a host communicator (its buffers are host memory and the call "
+                   "returns when it is done)",
+                   func);
+  return ncclSuccess;
 }
+
+static ncclResult_t rma_check_signal(const struct ncclComm *comm, int peer, int sigIdx, int ctx, const char *func) {
+  if (peer < 0 || peer >= comm->nranks)
+    return err_set(ncclInvalidArgument, "%s: peer %d is out of range for a communicator of %d ranks", func, peer,
+                   comm->nranks);
+  if (sigIdx < 0 || sigIdx >= RMA_SIGNALS)
+    return err_set(ncclInvalidArgument, "%s: sigIdx %d is out of range (Loom has signal indices 0 to %d)", func,
+                   sigIdx, RMA_SIGNALS - 1);
+  if (ctx < 0 || ctx >= RMA_CTXS)
+    return err_set(ncclInvalidArgument, "%s: ctx %d is out of range (Loom has contexts 0 to %d)", func, ctx,
+                   RMA_CTXS - 1);
+  return ncclSuccess;
+}
+
+static ncclResult_t rma_signals(const struct ncclComm *comm, const char *func) {
+  if (comm->rma == NULL || !comm->rma->sig_ready)
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator has no signals yet: Loom sets them up at the first "
+                   "ncclCommWindowRegister, which every rank calls; register a window first",
+                   func);
+  return ncclSuccess;
+}
+
+/* Raises rank `peer`'s counter of this rank's signals on (ctx, sigIdx):
+ * release, so that what this thread wrote before (a put's data) is seen
+ * by the thread that acquires the count. */
+static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, int ctx, const char *func) {
+  struct rma_state *st = comm->rma;
+  if (st->sig_peer[peer] == NULL)
+    return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer,
+                   st->sig_why[peer] ? st->sig_why[peer] : "its signals cannot be reached");
+  atomic_fetch_add_explicit(&st->sig_peer[peer][rma_sig_index(comm, ctx, sigIdx, comm->rank)], 1,
+                            memory_order_release);
+  return ncclSuccess;
+}
+
+static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
+                               ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                               struct ncclComm *comm, cudaStream_t stream) {
+  const char *func = "ncclPutSignal";
+  CHECK(rma_check_comm(comm, stream, func));
+  if (flags != 0)
+    return err_set(ncclInvalidArgument, "%s: flags 0x%x: they are reserved and must be 0", func, flags);
+  CHECK(rma_check_signal(comm, peer, sigIdx, ctx, func));
+  if ((int)datatype < 0 || datatype >= ncclNumTypes)
+    return err_set(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t (0..%d)", func, (int)datatype,
+                   ncclNumTypes - 1);
+  if (count > 0 && localbuff == NULL)
+    return err_set(ncclInvalidArgument, "%s: localbuff is NULL (count %zu)", func, count);
+  struct rma_win *w = NULL;
+  CHECK(rma_win_lookup(comm, peerWin, func, &w));
+  CHECK(rma_signals(comm, func));
+  size_t esize = dtype_size(datatype);
+  const struct rma_peer_win *pw = &w->peer[peer];
+  if (count > SIZE_MAX / esize || peerWinOffset > pw->size || count * esize > pw->size - peerWinOffset)
+    return err_set(ncclInvalidArgument,
+                   "%s: %zu elements of %s at offset %zu do not fit in rank %d's window of %zu bytes. Nothing was done",
+                   func, count, dtype_name(datatype), peerWinOffset, peer, pw->size);
+  if (count > 0 && pw->ptr == NULL)
+    return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer, pw->why);
+  if (count > 0)
+    memmove(pw->ptr + peerWinOffset, localbuff, count * esize);
+  return raise_signal(comm, peer, sigIdx, ctx, func);
+}
+
+static ncclResult_t signal_only(int peer, int sigIdx, int ctx, unsigned int flags, struct ncclComm *comm,
+                                cudaStream_t stream) {
+  const char *func = "ncclSignal";
+  CHECK(rma_check_comm(comm, stream, func));
+  if (flags != 0)
+    return err_set(ncclInvalidArgument, "%s: flags 0x%x: they are reserved and must be 0", func, flags);
+  CHECK(rma_check_signal(comm, peer, sigIdx, ctx, func));
+  CHECK(rma_signals(comm, func));
+  return raise_signal(comm, peer, sigIdx, ctx, func);
+}
+
+/* The signals one wait needs: the descriptors' counts summed by (peer,
+ * sigIdx, ctx). */
+struct need {
+  size_t index;
+  int peer, sigIdx, ctx;
+  uint64_t count;
+};
+
+static ncclResult_t wait_signal(int nDesc, const ncclWaitSignalDesc_t *descs, struct ncclComm *comm,
+                                cudaStream_t stream) {
+  const char *func = "ncclWaitSignal";
+  CHECK(rma_check_comm(comm, stream, func));
+  if (nDesc < 0)
+    return err_set(ncclInvalidArgument, "%s: nDesc is %d", func, nDesc);
+  if (nDesc > 0 && descs == NULL)
+    return err_set(ncclInvalidArgument, "%s: signalDescs is NULL (nDesc %d)", func, nDesc);
+  for (int i = 0; i < nDesc; i++) {
+    CHECK(rma_check_signal(comm, descs[i].peer, descs[i].sigIdx, descs[i].ctx, func));
+    if (descs[i].opCnt < 0)
+      return err_set(ncclInvalidArgument, "%s: signalDescs[%d].opCnt is %d", func, i, descs[i].opCnt);
+  }
+  /* Waiting here, before the group's end, could hold up the very sends
+   * the peers wait for before they signal. */
+  if (group_depth() > 0)
+    return err_set(ncclInvalidUsage,
+                   "%s inside ncclGroupStart/ncclGroupEnd is not implemented yet in Loom; call it after "
+                   "ncclGroupEnd",
+                   func);
+  if (nDesc == 0)
+    return ncclSuccess;
+  CHECK(rma_signals(comm, func));
+  struct rma_state *st = comm->rma;
+  struct need *need = calloc((size_t)nDesc, sizeof *need);
+  if (!need)
+    return err_set(ncclSystemError, "%s: out of memory", func);
+  int n = 0;
+  for (int i = 0; i < nDesc; i++) {
+    size_t idx = rma_sig_index(comm, descs[i].ctx, descs[i].sigIdx, descs[i].peer);
+    int k = 0;
+    while (k < n && need[k].index != idx)
+      k++;
+    if (k == n)
+      need[n++] = (struct need){idx, descs[i].peer, descs[i].sigIdx, descs[i].ctx, 0};
+    need[k].count += (uint64_t)descs[i].opCnt;
+  }
+  struct waiter wt;
+  wait_init(&wt, comm->spin_ns);
+  uint64_t last_seen = 0, idle_since = time_ns(), next_check = 0;
+  ncclResult_t r = ncclSuccess;
+  for (;;) {
+    int ready = 1, missing = -1;
+    uint64_t seen = 0;
+    for (int k = 0; k < n; k++) {
+      uint64_t c = atomic_load_explicit(&st->sig_own[need[k].index], memory_order_acquire);
+      seen += c;
+      if (c - st->consumed[need[k].index] < need[k].count) {
+        ready = 0;
+        if (missing < 0)
+          missing = k;
+      }
+    }
+    if (ready)
+      break;
+    if (seen != last_seen) {
+      last_seen = seen;
+      idle_since = time_ns();
+      wait_reset(&wt);
+      continue;
+    }
+    wait_pause(&wt);
+    uint64_t now = time_ns();
+    if (now < next_check)
+      continue;
+    next_check = now + 100000000ull;
+    if (comm_aborted(comm)) {
+      r = err_set(ncclInvalidUsage, "rank %d: the communicator was aborted during %s", comm->rank, func);
+      break;
+    }
+    const struct need *m = &need[missing];
+    uint64_t got = atomic_load_explicit(&st->sig_own[m->index], memory_order_acquire) - st->consumed[m->index];
+    if (m->peer != comm->rank && (r = comm_peer_alive(comm, m->peer)) != ncclSuccess) {
+      err_context("%s: waiting for %llu signal(s) from rank %d (sigIdx %d, ctx %d), %llu came", func,
+                  (unsigned long long)m->count, m->peer, m->sigIdx, m->ctx, (unsigned long long)got);
+      break;
+    }
+    if (now - idle_since >= (uint64_t)timeout_seconds() * 1000000000ull) {
+      char note[300] = "";
+      if (m->peer != comm->rank)
+        comm_note_peer(comm, m->peer, note, sizeof note);
+      r = err_set(ncclRemoteError,
+                  "%s: rank %d waited LOOM_TIMEOUT=%llds for %llu signal(s) from rank %d (sigIdx %d, ctx %d) and %llu "
+                  "came%s; none was consumed",
+                  func, comm->rank, (long long)timeout_seconds(), (unsigned long long)m->count, m->peer, m->sigIdx,
+                  m->ctx, (unsigned long long)got, note);
+      break;
+    }
+  }
+  /* All or nothing: a wait that fails leaves the counts for the next. */
+  for (int k = 0; r == ncclSuccess && k < n; k++)
+    st->consumed[need[k].index] += need[k].count;
+  free(need);
+  return r;
+}
+
+/* Inside a group a refused call fails the group too, as collectives do. */
+static ncclResult_t rma_finish(struct ncclComm *comm, ncclResult_t r) {
+  if (r != ncclSuccess && group_depth() > 0)
+    group_record_error(r);
+  return api_finish(comm, r);
+}
+
+#define RMA_CALL(func, expr)                                                                                           \
+  do {                                                                                                                 \
+    ncclResult_t r_ = comm_enter(comm, func);                                                                          \
+    if (r_ != ncclSuccess)                                                                                             \
+      return rma_finish(NULL, r_);                                                                                     \
+    r_ = (expr);                                                                                                       \
+    comm_leave(comm);                                                                                                  \
+    return rma_finish(comm, r_);                                                                                       \
+  } while (0)
 
 NCCL_API(ncclResult_t, ncclPutSignal, const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
          ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
          cudaStream_t stream) {
-  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset, (void)sigIdx,
-      (void)ctx, (void)flags, (void)stream;
-  return api_finish(comm, not_yet(comm, "ncclPutSignal", "a one-sided write into a peer's window"));
+  RMA_CALL("ncclPutSignal",
+           put_signal(localbuff, count, datatype, peer, peerWin, peerWinOffset, sigIdx, ctx, flags, comm, stream));
 }
 
 NCCL_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
          cudaStream_t stream) {
-  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)stream;
-  return api_finish(comm, not_yet(comm, "ncclSignal", "a one-sided signal to a peer"));
+  RMA_CALL("ncclSignal", signal_only(peer, sigIdx, ctx, flags, comm, stream));
 }
 
 NCCL_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t *signalDescs, ncclComm_t comm,
          cudaStream_t stream) {
-  (void)nDesc, (void)signalDescs, (void)stream;
-  return api_finish(comm, not_yet(comm, "ncclWaitSignal", "waiting for peers' one-sided signals"));
+  RMA_CALL("ncclWaitSignal", wait_signal(nDesc, signalDescs, comm, stream));
 }
 
+/* The window's communicator is the one it records: these calls name no
+ * other. A window handle is checked against that communicator's list
+ * before anything in it is trusted. */
+static ncclResult_t peer_pointer(ncclWindow_t window, size_t offset, int peer, int lsa, void **outPtr,
+                                 struct ncclComm **owner, const char *func) {
+  if (outPtr == NULL)
+    return err_set(ncclInvalidArgument, "%s: outPtr is NULL", func);
+  *outPtr = NULL;
+  if (window == NULL)
+    return err_set(ncclInvalidArgument, "%s: window is NULL", func);
+  struct ncclComm *comm = NULL;
+  /* The handle is looked up in its communicator's list; a pointer that
+   * is no window is refused there without being used further. */
+  const struct rma_win *probe = (const struct rma_win *)(void *)window;
+  if (probe->magic != RMA_WIN_MAGIC || !comm_live(probe->comm))
+    return err_set(ncclInvalidArgument, "%s: %p is not a registered window (or it was deregistered)", func,
+                   (void *)window);
+  comm = probe->comm;
+  struct rma_win *w = NULL;
+  CHECK(rma_win_lookup(comm, window, func, &w));
+  *owner = comm;
+  if (!comm->is_host)
+    return err_set(ncclInvalidUsage,
+                   "%s: a window of a CUDA communicator: peers' device pointers are not implemented yet in Loom",
+                   func);
+  if (lsa) {
+    /* The LSA team: the consecutive ranks around this one on its host
+     * (device_api.c's teams), numbered from 0. */
+    uint64_t h = comm->peers[comm->rank].host_hash;
+    int lo = comm->rank, hi = comm->rank;
+    while (lo > 0 && comm->peers[lo - 1].host_hash == h)
+      lo--;
+    while (hi + 1 < comm->nranks && comm->peers[hi + 1].host_hash == h)
+      hi++;
+    if (peer < 0 || peer > hi - lo)
+      return err_set(ncclInvalidArgument, "%s: lsaRank %d is out of range for this rank's LSA team of %d ranks", func,
+                     peer, hi - lo + 1);
+    peer += lo;
+  } else if (peer < 0 || peer >= comm->nranks) {
+    return err_set(ncclInvalidArgument, "%s: peer %d is out of range for a communicator of %d ranks", func, peer,
+                   comm->nranks);
+  }
+  const struct rma_peer_win *pw = &w->peer[peer];
+  if (offset >= pw->size)
+    return err_set(ncclInvalidArgument, "%s: offset %zu is past the end of rank %d's window of %zu bytes", func,
+                   offset, peer, pw->size);
+  if (pw->ptr == NULL)
+    return err_set(ncclInvalidUsage, "%s: rank %d's window cannot be loaded and stored from this rank: %s", func,
+                   peer, pw->why);
+  *outPtr = pw->ptr + offset;
+  return ncclSuccess;
+}
+
+/* A refusal is the window's communicator's last error too, where the
+ * window is one. */
 NCCL_API(ncclResult_t, ncclGetPeerDevicePointer, ncclWindow_t window, size_t offset, int peer, void **outPtr) {
-  (void)window, (void)offset, (void)peer, (void)outPtr;
-  return api_finish(NULL, not_yet(NULL, "ncclGetPeerDevicePointer", "a peer's window, loaded and stored directly"));
+  struct ncclComm *comm = NULL;
+  ncclResult_t r = peer_pointer(window, offset, peer, 0, outPtr, &comm, "ncclGetPeerDevicePointer");
+  return api_finish(comm, r);
 }
 
+/* lsaRank numbers the ranks of this rank's LSA team (ncclTeamLsa). */
 NCCL_API(ncclResult_t, ncclGetLsaDevicePointer, ncclWindow_t window, size_t offset, int lsaRank, void **outPtr) {
-  (void)window, (void)offset, (void)lsaRank, (void)outPtr;
-  return api_finish(NULL, not_yet(NULL, "ncclGetLsaDevicePointer", "a peer's window, loaded and stored directly"));
+  struct ncclComm *comm = NULL;
+  ncclResult_t r = peer_pointer(window, offset, lsaRank, 1, outPtr, &comm, "ncclGetLsaDevicePointer");
+  return api_finish(comm, r);
 }

@@ -20,6 +20,7 @@ struct task;
 struct status_rec;
 struct call_desc;
 struct tuner;
+struct rma_state;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -104,6 +105,9 @@ struct ncclComm {
   struct conn *extra_conns; /* other kinds, looked up by kind, channel, peer, direction */
   struct conn *pending; /* created, not yet connected */
   int *peer_pidfd;      /* same-host peers' pidfds, -1 elsewhere */
+  /* Windows and one-sided signals (rma.h), made at the first
+   * ncclCommWindowRegister; NULL until then. */
+  struct rma_state *rma;
 
   struct user_op *user_ops;
   int n_user_ops;

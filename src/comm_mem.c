@@ -1,0 +1,566 @@
+/*
+ * ncclMemAlloc's memory and windows (ncclCommWindowRegister). In a
+ * process that makes host communicators, ncclMemAlloc's memory is an
+ * unnamed shared segment (a memfd), so that a window registered on it can
+ * be mapped by the peers of this host: registration is collective, every
+ * rank all-gathers its window's description and maps those of the peers
+ * it can reach. The first registration also sets up the communicator's
+ * signals (rma.h).
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#include "core.h"
+#include "api.h"
+#include "bootstrap/bootstrap.h"
+#include "comm_api.h"
+#include "group.h"
+#include "misc/cudamem.h"
+#include "misc/param.h"
+#include "misc/utils.h"
+#include "rma.h"
+#include "transport/shm_seg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- ncclMemAlloc ----
+ * Device memory (cudaMalloc, which CUDA IPC can share and a CUDA
+ * communicator can register) where this thread would make a CUDA
+ * communicator; host memory where it would make a host one: a sealed
+ * memfd mapped shared, page-aligned, or plain memory where memfds cannot
+ * be made. The allocations are remembered, so that ncclMemFree frees
+ * each the way it was made and refuses a pointer that is not one, and a
+ * window knows whether peers can map it. */
+struct mem_block {
+  void *ptr;
+  size_t size;
+  int device; /* -1: host memory */
+  int fd;     /* the memfd of host memory; -1: plain memory */
+};
+static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mem_block *mem_blocks;
+static size_t mem_count, mem_cap;
+
+static ncclResult_t mem_remember(struct mem_block b) {
+  pthread_mutex_lock(&mem_lock);
+  if (mem_count == mem_cap) {
+    size_t cap = mem_cap ? 2 * mem_cap : 16;
+    struct mem_block *nb = realloc(mem_blocks, cap * sizeof *nb);
+    if (!nb) {
+      pthread_mutex_unlock(&mem_lock);
+      return err_set(ncclSystemError, "ncclMemAlloc: out of memory recording an allocation");
+    }
+    mem_blocks = nb;
+    mem_cap = cap;
+  }
+  mem_blocks[mem_count++] = b;
+  pthread_mutex_unlock(&mem_lock);
+  return ncclSuccess;
+}
+
+/* The record of `ptr`, removed; .device -2 if ncclMemAlloc did not
+ * return it. */
+static struct mem_block mem_forget(void *ptr) {
+  struct mem_block b = {.device = -2, .fd = -1};
+  pthread_mutex_lock(&mem_lock);
+  for (size_t i = 0; i < mem_count; i++)
+    if (mem_blocks[i].ptr == ptr) {
+      b = mem_blocks[i];
+      mem_blocks[i] = mem_blocks[--mem_count];
+      break;
+    }
+  pthread_mutex_unlock(&mem_lock);
+  return b;
+}
+
+/* The shared host allocation [p, p + size) lies in: 1 with its memfd
+ * and the offset, else 0. */
+static int mem_find_shared(const void *p, size_t size, int *fd, size_t *offset, size_t *seg_size) {
+  int found = 0;
+  pthread_mutex_lock(&mem_lock);
+  for (size_t i = 0; i < mem_count && !found; i++) {
+    const struct mem_block *b = &mem_blocks[i];
+    const char *base = b->ptr;
+    if (b->device == -1 && b->fd >= 0 && (const char *)p >= base && (size_t)((const char *)p - base) < b->size &&
+        size <= b->size - (size_t)((const char *)p - base)) {
+      *fd = b->fd;
+      *offset = (size_t)((const char *)p - base);
+      *seg_size = b->size;
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&mem_lock);
+  return found;
+}
+
+/* A sealed memfd of `len` bytes, its pages reserved (a shortage is an
+ * error here, not a SIGBUS later): the descriptor, or -1 with errno. */
+static int shared_segment(size_t len) {
+  int fd = memfd_create("loom-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    return -1;
+  int e = posix_fallocate(fd, 0, (off_t)len);
+  if (e == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    e = errno;
+  if (e != 0) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+static size_t page_round(size_t n) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + pg - 1) / pg * pg;
+}
+
+static ncclResult_t host_alloc(size_t size, struct mem_block *b) {
+  size_t len = page_round(size);
+  if (len < size)
+    return err_set(ncclInvalidArgument, "ncclMemAlloc: size %zu is too large", size);
+  int fd = shared_segment(len);
+  if (fd >= 0) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      *b = (struct mem_block){.ptr = p, .size = len, .device = -1, .fd = fd};
+      return ncclSuccess;
+    }
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  if (errno == ENOMEM || errno == ENOSPC)
+    return err_set(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of shared host memory: %s", size,
+                   strerror(errno));
+  /* No memfds here (an old kernel, a seccomp filter): plain memory, which
+   * a window's peers in other processes cannot map. */
+  INFO(LOG_INIT, "ncclMemAlloc: no shared memory (%s): plain host memory, which other processes cannot map",
+       strerror(errno));
+  void *p = NULL;
+  if (posix_memalign(&p, 4096, size) != 0)
+    return err_set(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
+  *b = (struct mem_block){.ptr = p, .size = size, .device = -1, .fd = -1};
+  return ncclSuccess;
+}
+
+static void block_free(const struct mem_block *b) {
+  if (b->device >= 0) {
+    int saved = cuda_current_device();
+    cuda_set_device(b->device);
+    cuda_free(b->ptr);
+    cuda_restore_device(saved);
+  } else if (b->fd >= 0) {
+    munmap(b->ptr, b->size);
+    close(b->fd);
+  } else {
+    free(b->ptr);
+  }
+}
+
+NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size) {
+  if (ptr == NULL)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL"));
+  *ptr = NULL;
+  if (size == 0)
+    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0"));
+  int device = cuda_pick_device();
+  struct mem_block b = {.size = size, .device = device, .fd = -1};
+  ncclResult_t r;
+  if (device >= 0) {
+    r = cuda_malloc(&b.ptr, size, "ncclMemAlloc");
+    if (r != ncclSuccess)
+      err_context("ncclMemAlloc on device %d", device);
+  } else {
+    r = host_alloc(size, &b);
+  }
+  if (r == ncclSuccess && (r = mem_remember(b)) != ncclSuccess)
+    block_free(&b);
+  if (r == ncclSuccess)
+    *ptr = b.ptr;
+  return api_finish(NULL, r);
+}
+
+NCCL_API(ncclResult_t, ncclMemFree, void *ptr) {
+  if (ptr == NULL)
+    return ncclSuccess;
+  struct mem_block b = mem_forget(ptr);
+  if (b.device == -2)
+    return api_finish(NULL, err_set(ncclInvalidArgument,
+                                    "ncclMemFree: %p was not returned by ncclMemAlloc (or was freed already); "
+                                    "nothing was freed",
+                                    ptr));
+  block_free(&b);
+  return ncclSuccess;
+}
+
+/* ---- reaching a peer's segment ---- */
+
+/* What each rank tells the others of a segment it shares: its window or
+ * its signals. */
+struct seg_desc {
+  uint64_t addr;     /* as the owner sees it: threads of its process use it as it is */
+  uint64_t size;     /* the window's (or the counters') size */
+  uint64_t seg_size; /* of the memfd it lies in; 0: none */
+  uint64_t offset;   /* of addr in the memfd */
+  uint64_t dev, ino; /* the memfd's identity, checked by whoever takes it */
+  int32_t fd;        /* the owner's descriptor */
+  int32_t status;    /* the owner's preparation: ncclSuccess, or why the registration fails */
+};
+
+struct win_desc {
+  struct seg_desc win, sig;
+};
+
+static void seg_describe(struct seg_desc *d, const void *addr, size_t size, int fd, size_t offset, size_t seg_size) {
+  memset(d, 0, sizeof *d);
+  d->addr = (uint64_t)(uintptr_t)addr;
+  d->size = size;
+  d->fd = fd;
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0) {
+    d->seg_size = seg_size;
+    d->offset = offset;
+    d->dev = st.st_dev;
+    d->ino = st.st_ino;
+  }
+}
+
+static int same_file(int fd, const struct seg_desc *d) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && (uint64_t)st.st_dev == d->dev && (uint64_t)st.st_ino == d->ino &&
+         (uint64_t)st.st_size == d->seg_size;
+}
+
+/* Rank `peer`'s segment `d`, mapped here: *ptr (and the mapping to undo,
+ * if any), or *why, the sentence saying why it cannot be (allocated;
+ * NULL where even that fails). `what` names the segment. */
+static void seg_reach(struct ncclComm *comm, int peer, const struct seg_desc *d, const char *what, char **ptr,
+                      void **map, char **why) {
+  const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[peer];
+  char buf[600];
+  *ptr = NULL;
+  *map = NULL;
+  *why = NULL;
+  if (peer == comm->rank || p->proc_id == me->proc_id) {
+    *ptr = (char *)(uintptr_t)d->addr;
+    return;
+  }
+  if (p->host_hash != me->host_hash) {
+    snprintf(buf, sizeof buf,
+             "rank %d is on another host (%s): one-sided operations to a peer on another host are not implemented "
+             "yet in Loom; use ncclSend and ncclRecv",
+             peer, p->hostname);
+  } else if (d->seg_size == 0) {
+    snprintf(buf, sizeof buf,
+             "rank %d's %s is not memory from ncclMemAlloc, which another process cannot map; allocate it with "
+             "ncclMemAlloc (on a host communicator that is memory the ranks of one host share)",
+             peer, what);
+  } else if (p->pid_ns != me->pid_ns) {
+    snprintf(buf, sizeof buf,
+             "rank %d runs in another pid namespace, from which Loom cannot take its %s yet; run the ranks of a host "
+             "in one pid namespace",
+             peer, what);
+  } else {
+    /* The owner's descriptor: pidfd_getfd needs the right to ptrace it
+     * (Yama may refuse; LOOM_SHM_PIDFD_GETFD=0 turns it off), its /proc
+     * entry only the right to read it. Either is checked to be the file
+     * the owner described. */
+    int fd = -1, e1 = EBADF, e2 = 0;
+    int pidfd = comm->peer_pidfd && param_int(P_SHM_PIDFD_GETFD) ? comm->peer_pidfd[peer] : -1;
+    if (pidfd >= 0 && (e1 = shm_seg_pidfd_getfd(pidfd, d->fd, &fd)) == 0 && !same_file(fd, d)) {
+      close(fd);
+      fd = -1;
+      e1 = ESTALE;
+    }
+    if (fd < 0) {
+      char path[64];
+      snprintf(path, sizeof path, "/proc/%d/fd/%d", p->pid, d->fd);
+      fd = open(path, O_RDWR | O_CLOEXEC);
+      e2 = fd < 0 ? errno : 0;
+      if (fd >= 0 && !same_file(fd, d)) {
+        close(fd);
+        fd = -1;
+        e2 = ESTALE;
+      }
+    }
+    if (fd >= 0) {
+      void *m = mmap(NULL, d->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      int e = errno;
+      close(fd);
+      if (m != MAP_FAILED) {
+        INFO(LOG_SHM, "rank %d: mapped rank %d's %s (%s)", comm->rank, peer, what,
+             e1 == 0 ? "pidfd_getfd" : "its /proc entry");
+        *map = m;
+        *ptr = (char *)m + d->offset;
+        return;
+      }
+      snprintf(buf, sizeof buf, "cannot map rank %d's %s (%llu bytes): %s", peer, what,
+               (unsigned long long)d->seg_size, strerror(e));
+    } else {
+      snprintf(buf, sizeof buf,
+               "cannot take rank %d's %s from its process (pid %d): pidfd_getfd: %s; /proc/%d/fd/%d: %s", peer,
+               what, p->pid, e1 == ESTALE ? "another file" : strerror(e1), p->pid, d->fd,
+               e2 == ESTALE ? "another file" : strerror(e2));
+    }
+  }
+  *why = strdup(buf);
+}
+
+/* ---- the communicator's signals ---- */
+
+static ncclResult_t rma_state_get(struct ncclComm *comm, const char *func) {
+  if (comm->rma)
+    return ncclSuccess;
+  struct rma_state *st = calloc(1, sizeof *st);
+  int n = comm->nranks;
+  if (st) {
+    st->sig_fd = -1;
+    st->sig_peer = calloc((size_t)n, sizeof *st->sig_peer);
+    st->sig_map = calloc((size_t)n, sizeof *st->sig_map);
+    st->sig_why = calloc((size_t)n, sizeof *st->sig_why);
+    st->consumed = calloc((size_t)RMA_CTXS * RMA_SIGNALS * (size_t)n, sizeof *st->consumed);
+  }
+  if (!st || !st->sig_peer || !st->sig_map || !st->sig_why || !st->consumed) {
+    if (st) {
+      free(st->sig_peer);
+      free(st->sig_map);
+      free(st->sig_why);
+      free(st->consumed);
+    }
+    free(st);
+    return err_set(ncclSystemError, "%s: out of memory", func);
+  }
+  comm->rma = st;
+  return ncclSuccess;
+}
+
+/* This rank's counters, in a segment of their own: or plain memory,
+ * which only its own process's ranks can then signal. */
+static ncclResult_t sig_create(struct ncclComm *comm, struct seg_desc *d) {
+  struct rma_state *st = comm->rma;
+  size_t len = page_round((size_t)RMA_CTXS * RMA_SIGNALS * (size_t)comm->nranks * sizeof(uint64_t));
+  int fd = shared_segment(len);
+  void *p = MAP_FAILED;
+  if (fd >= 0)
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    if (fd >= 0)
+      close(fd);
+    fd = -1;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return err_set(ncclSystemError, "ncclCommWindowRegister: cannot allocate the signals' %zu bytes: %s", len,
+                     strerror(errno));
+  }
+  st->sig_own = p;
+  st->sig_len = len;
+  st->sig_fd = fd;
+  seg_describe(d, p, len, fd, 0, len);
+  return ncclSuccess;
+}
+
+static void sig_connect(struct ncclComm *comm, const struct win_desc *all) {
+  struct rma_state *st = comm->rma;
+  for (int r = 0; r < comm->nranks; r++) {
+    char *ptr;
+    seg_reach(comm, r, &all[r].sig, "signals", &ptr, &st->sig_map[r], &st->sig_why[r]);
+    st->sig_peer[r] = (_Atomic uint64_t *)ptr;
+  }
+  st->sig_ready = 1;
+}
+
+/* ---- windows ---- */
+
+static void win_free(struct ncclComm *comm, struct rma_win *w) {
+  for (int r = 0; w->peer && r < comm->nranks; r++) {
+    if (w->peer[r].map)
+      munmap(w->peer[r].map, w->peer[r].map_len);
+    free(w->peer[r].why);
+  }
+  free(w->peer);
+  w->magic = 0;
+  free(w);
+}
+
+void rma_destroy(struct ncclComm *comm) {
+  struct rma_state *st = comm->rma;
+  if (!st)
+    return;
+  for (struct rma_win *w = st->wins, *n; w; w = n) {
+    n = w->next;
+    win_free(comm, w);
+  }
+  for (int r = 0; r < comm->nranks; r++) {
+    if (st->sig_map[r])
+      munmap(st->sig_map[r], st->sig_len);
+    free(st->sig_why[r]);
+  }
+  if (st->sig_own)
+    munmap((void *)st->sig_own, st->sig_len);
+  if (st->sig_fd >= 0)
+    close(st->sig_fd);
+  free(st->sig_peer);
+  free(st->sig_map);
+  free(st->sig_why);
+  free(st->consumed);
+  free(st);
+  comm->rma = NULL;
+}
+
+ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char *func, struct rma_win **out) {
+  for (struct rma_win *w = comm->rma ? comm->rma->wins : NULL; w; w = w->next)
+    if ((void *)w == (void *)win) {
+      *out = w;
+      return ncclSuccess;
+    }
+  return err_set(ncclInvalidArgument, "%s: the window %p was not registered on this communicator (or was deregistered)",
+                 func, (void *)win);
+}
+
+/* The window's peers, reached (or why not) from what they told. */
+static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const struct win_desc *all) {
+  w->peer = calloc((size_t)comm->nranks, sizeof *w->peer);
+  if (!w->peer)
+    return err_set(ncclSystemError, "ncclCommWindowRegister: out of memory");
+  for (int r = 0; r < comm->nranks; r++) {
+    struct rma_peer_win *pw = &w->peer[r];
+    pw->size = all[r].win.size;
+    seg_reach(comm, r, &all[r].win, "window", &pw->ptr, &pw->map, &pw->why);
+    if (pw->map)
+      pw->map_len = all[r].win.seg_size;
+  }
+  return ncclSuccess;
+}
+
+static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size, ncclWindow_t *win, int flags) {
+  const char *func = "ncclCommWindowRegister";
+  CHECK(comm_check(comm, func));
+  if (buff == NULL || win == NULL)
+    return err_set(ncclInvalidArgument, "%s: %s is NULL", func, buff == NULL ? "buff" : "win");
+  if (size == 0)
+    return err_set(ncclInvalidArgument, "%s: size is 0", func);
+  if (flags & ~(NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC | NCCL_WIN_STRICT_ORDERING))
+    return err_set(ncclInvalidArgument, "%s: unknown flags 0x%x", func, flags);
+  if (group_depth() > 0)
+    return err_set(ncclInvalidUsage,
+                   "%s inside ncclGroupStart/ncclGroupEnd is not implemented yet in Loom; register the window "
+                   "outside a group, from one thread per rank",
+                   func);
+  CHECK(rma_state_get(comm, func));
+  struct rma_state *st = comm->rma;
+  struct win_desc *all = calloc((size_t)comm->nranks, sizeof *all);
+  struct rma_win *w = calloc(1, sizeof *w);
+  if (!all || !w) {
+    free(all);
+    free(w);
+    return err_set(ncclSystemError, "%s: out of memory", func);
+  }
+  /* A failure here still takes part in the all-gather, so that every
+   * rank fails together instead of waiting for this one. */
+  struct win_desc *mine = &all[comm->rank];
+  int fd = -1;
+  size_t offset = 0, seg_size = 0;
+  if (!comm->is_host || !mem_find_shared(buff, size, &fd, &offset, &seg_size))
+    fd = -1;
+  seg_describe(&mine->win, buff, size, fd, offset, seg_size);
+  ncclResult_t r = ncclSuccess;
+  char local[LOOM_ERR_LEN] = "";
+  if (!st->sig_ready && comm->is_host && (r = sig_create(comm, &mine->sig)) != ncclSuccess)
+    snprintf(local, sizeof local, "%s", err_thread_last());
+  mine->win.status = r;
+  r = bootstrap_allgather(comm->boot, all, sizeof *all);
+  if (r != ncclSuccess) {
+    err_context("%s: exchanging the windows' descriptions", func);
+    comm_set_error(comm, r);
+  }
+  for (int k = 0; r == ncclSuccess && k < comm->nranks; k++)
+    if (all[k].win.status != ncclSuccess) {
+      r = k == comm->rank ? err_set((ncclResult_t)all[k].win.status, "%s", local)
+                          : err_set(ncclRemoteError, "%s: rank %d could not register its window; no rank did", func,
+                                    k);
+    }
+  if (r == ncclSuccess && !st->sig_ready && comm->is_host)
+    sig_connect(comm, all);
+  *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .comm = comm, .buff = buff, .size = size};
+  if (r == ncclSuccess)
+    r = win_connect(comm, w, all);
+  free(all);
+  if (r != ncclSuccess) {
+    win_free(comm, w);
+    return r;
+  }
+  w->next = st->wins;
+  st->wins = w;
+  *win = (ncclWindow_t)(void *)w;
+  return ncclSuccess;
+}
+
+static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
+  const char *func = "ncclCommWindowDeregister";
+  CHECK(comm_check(comm, func));
+  struct rma_win *w = NULL;
+  CHECK(rma_win_lookup(comm, win, func, &w));
+  if (group_depth() > 0)
+    return err_set(ncclInvalidUsage,
+                   "%s inside ncclGroupStart/ncclGroupEnd is not implemented yet in Loom; deregister the window "
+                   "outside a group",
+                   func);
+  /* Collective, as its registration: no peer puts into the window once
+   * any rank has returned from here. */
+  int32_t *words = calloc((size_t)comm->nranks, sizeof *words);
+  if (!words)
+    return err_set(ncclSystemError, "%s: out of memory", func);
+  ncclResult_t r = bootstrap_allgather(comm->boot, words, sizeof *words);
+  free(words);
+  if (r != ncclSuccess) {
+    err_context("%s: waiting for the other ranks", func);
+    comm_set_error(comm, r);
+  }
+  for (struct rma_win **p = &comm->rma->wins; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  win_free(comm, w);
+  return r;
+}
+
+/* Registration and deregistration run between comm_enter and
+ * comm_leave: ncclCommAbort from another thread waits for them. */
+NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
+         int winFlags) {
+  ncclResult_t r = comm_enter(comm, "ncclCommWindowRegister");
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
+  r = win_register(comm, buff, size, win, winFlags);
+  comm_leave(comm);
+  return api_finish(comm, r);
+}
+
+NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) {
+  ncclResult_t r = comm_enter(comm, "ncclCommWindowDeregister");
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
+  r = win_deregister(comm, win);
+  comm_leave(comm);
+  return api_finish(comm, r);
+}
+
+NCCL_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void **outUserPtr) {
+  ncclResult_t r = comm_check(comm, "ncclWinGetUserPtr");
+  struct rma_win *w = NULL;
+  if (r == ncclSuccess && outUserPtr == NULL)
+    r = err_set(ncclInvalidArgument, "ncclWinGetUserPtr: outUserPtr is NULL");
+  if (r == ncclSuccess)
+    r = rma_win_lookup(comm, win, "ncclWinGetUserPtr", &w);
+  if (r == ncclSuccess)
+    *outUserPtr = w->buff;
+  return api_finish(comm, r);
+}

@@ -1,0 +1,68 @@
+/*
+ * Windows (ncclCommWindowRegister) and what one-sided operations need of
+ * them (comm_mem.c), for the one-sided calls (comm_rma.c). Registering a
+ * window is collective: every rank all-gathers its window's description
+ * and maps, for each peer it can reach by load and store (its own
+ * process, or a process of this host whose window is memory from
+ * ncclMemAlloc), the peer's window. The first registration also sets up
+ * the signals: each rank's counters, in shared memory its peers map.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_RMA_H
+#define LOOM_RMA_H
+
+#include <stdatomic.h>
+
+#include "comm/comm.h"
+
+/* The signal indices and contexts a one-sided call may name: NCCL 2.29
+ * takes 0 only, 2.30 a few; Loom takes these. */
+#define RMA_SIGNALS 8
+#define RMA_CTXS 4
+
+/* How rank `peer`'s window is reached from this rank. */
+struct rma_peer_win {
+  char *ptr;      /* the peer's window as this process sees it; NULL: not reachable */
+  size_t size;    /* its size, as the peer registered it */
+  void *map;      /* a mapping of the peer's segment to unmap; NULL: none */
+  size_t map_len;
+  char *why;      /* where ptr is NULL: the sentence that says why (allocated) */
+};
+
+struct rma_win {
+  uint64_t magic;
+  struct ncclComm *comm;
+  void *buff;
+  size_t size;
+  struct rma_peer_win *peer; /* nranks */
+  struct rma_win *next;
+};
+#define RMA_WIN_MAGIC 0x4c6f6f6d57696e00ull
+
+/* A communicator's signals: rank r's counters are
+ * [ctx][sigIdx][sender] uint64, raised by senders (release) and read by
+ * rank r (acquire); `consumed` is what rank r's waits took already. */
+struct rma_state {
+  int sig_ready;
+  int sig_fd;
+  _Atomic uint64_t *sig_own;
+  size_t sig_len;
+  _Atomic uint64_t **sig_peer;   /* nranks: the peer's counters here; NULL: not reachable */
+  void **sig_map;                /* nranks: mappings to unmap */
+  char **sig_why;                /* nranks: why not reachable */
+  uint64_t *consumed;
+  struct rma_win *wins;
+};
+
+static inline size_t rma_sig_index(const struct ncclComm *comm, int ctx, int sig, int sender) {
+  return ((size_t)ctx * RMA_SIGNALS + (size_t)sig) * (size_t)comm->nranks + (size_t)sender;
+}
+
+/* The window `win` of `comm`, or NULL (with the sentence, naming `func`)
+ * where it is no window of this communicator. */
+ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char *func, struct rma_win **out);
+
+/* Frees what the communicator's windows and signals hold (destroy). */
+void rma_destroy(struct ncclComm *comm);
+
+#endif
