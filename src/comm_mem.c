@@ -4,8 +4,8 @@
  * unnamed shared segment (a memfd), so that a window registered on it can
  * be mapped by the peers of this host: registration is collective, every
  * rank all-gathers its window's description and maps those of the peers
- * it can reach. The first registration also sets up the communicator's
- * signals (rma.h).
+ * it can reach. Also the communicator's signals, set up at its init
+ * (rma.h).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -211,12 +211,9 @@ struct seg_desc {
   uint64_t offset;   /* of addr in the memfd */
   uint64_t dev, ino; /* the memfd's identity, checked by whoever takes it */
   int32_t fd;        /* the owner's descriptor */
-  int32_t status;    /* the owner's preparation: ncclSuccess, or why the registration fails */
+  int32_t pad;
 };
 
-struct win_desc {
-  struct seg_desc win, sig;
-};
 
 static void seg_describe(struct seg_desc *d, const void *addr, size_t size, int fd, size_t offset, size_t seg_size) {
   memset(d, 0, sizeof *d);
@@ -343,34 +340,49 @@ static ncclResult_t rma_state_get(struct ncclComm *comm, const char *func) {
 
 /* This rank's counters, in a segment of their own: or plain memory,
  * which only its own process's ranks can then signal. */
-static ncclResult_t sig_create(struct ncclComm *comm, struct seg_desc *d) {
+ncclResult_t rma_signals_create(struct ncclComm *comm) {
+  CHECK(rma_state_get(comm, "ncclCommInitRank"));
   struct rma_state *st = comm->rma;
+  struct peer_info *me = &comm->peers[comm->rank];
   size_t len = page_round((size_t)RMA_CTXS * RMA_SIGNALS * (size_t)comm->nranks * sizeof(uint64_t));
   int fd = shared_segment(len);
   void *p = MAP_FAILED;
   if (fd >= 0)
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
+    INFO(LOG_INIT, "rank %d: no shared memory for one-sided signals (%s): only ranks of this process can signal it",
+         comm->rank, strerror(errno));
     if (fd >= 0)
       close(fd);
     fd = -1;
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-      return err_set(ncclSystemError, "ncclCommWindowRegister: cannot allocate the signals' %zu bytes: %s", len,
+      return err_set(ncclSystemError, "cannot allocate %zu bytes for the one-sided signals: %s", len,
                      strerror(errno));
   }
   st->sig_own = p;
   st->sig_len = len;
   st->sig_fd = fd;
-  seg_describe(d, p, len, fd, 0, len);
+  struct seg_desc d;
+  seg_describe(&d, p, len, fd, 0, len);
+  me->sig_addr = d.addr;
+  me->sig_size = d.seg_size;
+  me->sig_dev = d.dev;
+  me->sig_ino = d.ino;
+  me->sig_fd = d.fd;
   return ncclSuccess;
 }
 
-static void sig_connect(struct ncclComm *comm, const struct win_desc *all) {
+void rma_signals_connect(struct ncclComm *comm) {
   struct rma_state *st = comm->rma;
+  if (st == NULL || st->sig_own == NULL)
+    return;
   for (int r = 0; r < comm->nranks; r++) {
+    const struct peer_info *p = &comm->peers[r];
+    struct seg_desc d = {.addr = p->sig_addr, .size = p->sig_size, .seg_size = p->sig_size, .dev = p->sig_dev,
+                         .ino = p->sig_ino, .fd = p->sig_fd};
     char *ptr;
-    seg_reach(comm, r, &all[r].sig, "signals", &ptr, &st->sig_map[r], &st->sig_why[r]);
+    seg_reach(comm, r, &d, "signals", &ptr, &st->sig_map[r], &st->sig_why[r]);
     st->sig_peer[r] = (_Atomic uint64_t *)ptr;
   }
   st->sig_ready = 1;
@@ -378,7 +390,38 @@ static void sig_connect(struct ncclComm *comm, const struct win_desc *all) {
 
 /* ---- windows ---- */
 
+/* Every window of the process, so that a call naming only a window
+ * (ncclGetPeerDevicePointer) can tell one from any other pointer. */
+static pthread_mutex_t wins_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rma_win *wins_all;
+
+static void win_global(struct rma_win *w, int add) {
+  pthread_mutex_lock(&wins_lock);
+  if (add) {
+    w->next_all = wins_all;
+    wins_all = w;
+  } else {
+    for (struct rma_win **p = &wins_all; *p; p = &(*p)->next_all)
+      if (*p == w) {
+        *p = w->next_all;
+        break;
+      }
+  }
+  pthread_mutex_unlock(&wins_lock);
+}
+
+struct ncclComm *rma_win_owner(ncclWindow_t win) {
+  struct ncclComm *comm = NULL;
+  pthread_mutex_lock(&wins_lock);
+  for (struct rma_win *w = wins_all; w && !comm; w = w->next_all)
+    if ((void *)w == (void *)win)
+      comm = w->comm;
+  pthread_mutex_unlock(&wins_lock);
+  return comm;
+}
+
 static void win_free(struct ncclComm *comm, struct rma_win *w) {
+  win_global(w, 0);
   for (int r = 0; w->peer && r < comm->nranks; r++) {
     if (w->peer[r].map)
       munmap(w->peer[r].map, w->peer[r].map_len);
@@ -425,16 +468,16 @@ ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char 
 }
 
 /* The window's peers, reached (or why not) from what they told. */
-static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const struct win_desc *all) {
+static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const struct seg_desc *all) {
   w->peer = calloc((size_t)comm->nranks, sizeof *w->peer);
   if (!w->peer)
     return err_set(ncclSystemError, "ncclCommWindowRegister: out of memory");
   for (int r = 0; r < comm->nranks; r++) {
     struct rma_peer_win *pw = &w->peer[r];
-    pw->size = all[r].win.size;
-    seg_reach(comm, r, &all[r].win, "window", &pw->ptr, &pw->map, &pw->why);
+    pw->size = all[r].size;
+    seg_reach(comm, r, &all[r], "window", &pw->ptr, &pw->map, &pw->why);
     if (pw->map)
-      pw->map_len = all[r].win.seg_size;
+      pw->map_len = all[r].seg_size;
   }
   return ncclSuccess;
 }
@@ -455,39 +498,23 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
                    func);
   CHECK(rma_state_get(comm, func));
   struct rma_state *st = comm->rma;
-  struct win_desc *all = calloc((size_t)comm->nranks, sizeof *all);
+  struct seg_desc *all = calloc((size_t)comm->nranks, sizeof *all);
   struct rma_win *w = calloc(1, sizeof *w);
   if (!all || !w) {
     free(all);
     free(w);
     return err_set(ncclSystemError, "%s: out of memory", func);
   }
-  /* A failure here still takes part in the all-gather, so that every
-   * rank fails together instead of waiting for this one. */
-  struct win_desc *mine = &all[comm->rank];
   int fd = -1;
   size_t offset = 0, seg_size = 0;
   if (!comm->is_host || !mem_find_shared(buff, size, &fd, &offset, &seg_size))
     fd = -1;
-  seg_describe(&mine->win, buff, size, fd, offset, seg_size);
-  ncclResult_t r = ncclSuccess;
-  char local[LOOM_ERR_LEN] = "";
-  if (!st->sig_ready && comm->is_host && (r = sig_create(comm, &mine->sig)) != ncclSuccess)
-    snprintf(local, sizeof local, "%s", err_thread_last());
-  mine->win.status = r;
-  r = bootstrap_allgather(comm->boot, all, sizeof *all);
+  seg_describe(&all[comm->rank], buff, size, fd, offset, seg_size);
+  ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
   if (r != ncclSuccess) {
     err_context("%s: exchanging the windows' descriptions", func);
     comm_set_error(comm, r);
   }
-  for (int k = 0; r == ncclSuccess && k < comm->nranks; k++)
-    if (all[k].win.status != ncclSuccess) {
-      r = k == comm->rank ? err_set((ncclResult_t)all[k].win.status, "%s", local)
-                          : err_set(ncclRemoteError, "%s: rank %d could not register its window; no rank did", func,
-                                    k);
-    }
-  if (r == ncclSuccess && !st->sig_ready && comm->is_host)
-    sig_connect(comm, all);
   *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .comm = comm, .buff = buff, .size = size};
   if (r == ncclSuccess)
     r = win_connect(comm, w, all);
@@ -498,6 +525,7 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
   }
   w->next = st->wins;
   st->wins = w;
+  win_global(w, 1);
   *win = (ncclWindow_t)(void *)w;
   return ncclSuccess;
 }
@@ -533,24 +561,25 @@ static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
 }
 
 /* Registration and deregistration run between comm_enter and
- * comm_leave: ncclCommAbort from another thread waits for them. */
+ * comm_leave: ncclCommAbort from another thread waits for them. The
+ * sentence is written before leaving, while no other thread may enter. */
 NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
          int winFlags) {
   ncclResult_t r = comm_enter(comm, "ncclCommWindowRegister");
   if (r != ncclSuccess)
     return api_finish(NULL, r);
-  r = win_register(comm, buff, size, win, winFlags);
+  r = api_finish(comm, win_register(comm, buff, size, win, winFlags));
   comm_leave(comm);
-  return api_finish(comm, r);
+  return r;
 }
 
 NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) {
   ncclResult_t r = comm_enter(comm, "ncclCommWindowDeregister");
   if (r != ncclSuccess)
     return api_finish(NULL, r);
-  r = win_deregister(comm, win);
+  r = api_finish(comm, win_deregister(comm, win));
   comm_leave(comm);
-  return api_finish(comm, r);
+  return r;
 }
 
 NCCL_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void **outUserPtr) {

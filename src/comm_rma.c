@@ -51,11 +51,9 @@ static ncclResult_t rma_check_signal(const struct ncclComm *comm, int peer, int 
 }
 
 static ncclResult_t rma_signals(const struct ncclComm *comm, const char *func) {
+  /* Host communicators set them up at init (rma_signals_create). */
   if (comm->rma == NULL || !comm->rma->sig_ready)
-    return err_set(ncclInvalidUsage,
-                   "%s: the communicator has no signals yet: Loom sets them up at the first "
-                   "ncclCommWindowRegister, which every rank calls; register a window first",
-                   func);
+    return err_set(ncclInternalError, "%s: the communicator has no one-sided signals", func);
   return ncclSuccess;
 }
 
@@ -228,9 +226,9 @@ static ncclResult_t rma_finish(struct ncclComm *comm, ncclResult_t r) {
     ncclResult_t r_ = comm_enter(comm, func);                                                                          \
     if (r_ != ncclSuccess)                                                                                             \
       return rma_finish(NULL, r_);                                                                                     \
-    r_ = (expr);                                                                                                       \
+    r_ = rma_finish(comm, (expr));                                                                                     \
     comm_leave(comm);                                                                                                  \
-    return rma_finish(comm, r_);                                                                                       \
+    return r_;                                                                                                         \
   } while (0)
 
 NCCL_API(ncclResult_t, ncclPutSignal, const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
@@ -250,9 +248,8 @@ NCCL_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t *signalDe
   RMA_CALL("ncclWaitSignal", wait_signal(nDesc, signalDescs, comm, stream));
 }
 
-/* The window's communicator is the one it records: these calls name no
- * other. A window handle is checked against that communicator's list
- * before anything in it is trusted. */
+/* These calls name no communicator: the window's is found in the
+ * process's list of windows, before anything in the window is read. */
 static ncclResult_t peer_pointer(ncclWindow_t window, size_t offset, int peer, int lsa, void **outPtr,
                                  struct ncclComm **owner, const char *func) {
   if (outPtr == NULL)
@@ -260,14 +257,10 @@ static ncclResult_t peer_pointer(ncclWindow_t window, size_t offset, int peer, i
   *outPtr = NULL;
   if (window == NULL)
     return err_set(ncclInvalidArgument, "%s: window is NULL", func);
-  struct ncclComm *comm = NULL;
-  /* The handle is looked up in its communicator's list; a pointer that
-   * is no window is refused there without being used further. */
-  const struct rma_win *probe = (const struct rma_win *)(void *)window;
-  if (probe->magic != RMA_WIN_MAGIC || !comm_live(probe->comm))
+  struct ncclComm *comm = rma_win_owner(window);
+  if (comm == NULL || !comm_live(comm))
     return err_set(ncclInvalidArgument, "%s: %p is not a registered window (or it was deregistered)", func,
                    (void *)window);
-  comm = probe->comm;
   struct rma_win *w = NULL;
   CHECK(rma_win_lookup(comm, window, func, &w));
   *owner = comm;

@@ -16,6 +16,7 @@
 #include "call_check.h"
 #include "common/path_type.h"
 #include "comm_api.h"
+#include "rma.h"
 #include "exec/cuda/cuda_exec.h"
 #include "exec/reduce.h"
 #include "group.h"
@@ -251,6 +252,9 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   me->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   me->tuning_hash = (uint32_t)util_hash_str(param_str(P_ALGO), util_hash_str(param_str(P_PROTO), 0));
   me->check_calls = comm->is_host && call_check_enabled();
+  me->sig_fd = -1;
+  if (comm->is_host)
+    CHECK(rma_signals_create(comm));
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
   comm->check_calls = me->check_calls;
@@ -262,6 +266,7 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   CHECK(UTIL_CALLOC(&comm->p2p_recv, nranks, "p2p connections"));
   CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));
   open_pidfds(comm);
+  rma_signals_connect(comm);
   CHECK(topo_setup_channels(comm));
   CHECK(tune_setup(comm));
   if (!comm->is_host) {

@@ -4,8 +4,8 @@
  * window is collective: every rank all-gathers its window's description
  * and maps, for each peer it can reach by load and store (its own
  * process, or a process of this host whose window is memory from
- * ncclMemAlloc), the peer's window. The first registration also sets up
- * the signals: each rank's counters, in shared memory its peers map.
+ * ncclMemAlloc), the peer's window. The signals are set up with the
+ * communicator: each rank's counters, in shared memory its peers map.
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_RMA_H
@@ -35,7 +35,8 @@ struct rma_win {
   void *buff;
   size_t size;
   struct rma_peer_win *peer; /* nranks */
-  struct rma_win *next;
+  struct rma_win *next;      /* the communicator's windows */
+  struct rma_win *next_all;  /* every window of the process */
 };
 #define RMA_WIN_MAGIC 0x4c6f6f6d57696e00ull
 
@@ -58,9 +59,21 @@ static inline size_t rma_sig_index(const struct ncclComm *comm, int ctx, int sig
   return ((size_t)ctx * RMA_SIGNALS + (size_t)sig) * (size_t)comm->nranks + (size_t)sender;
 }
 
+/* Host communicators, at init: this rank's signal counters, described in
+ * its peer_info before the all-gather (rma_signals_create), then the
+ * peers' counters mapped once the pidfds are open (rma_signals_connect).
+ * Only running out of memory fails; counters that cannot be shared make
+ * signals to this rank from other processes refused, with the reason. */
+ncclResult_t rma_signals_create(struct ncclComm *comm);
+void rma_signals_connect(struct ncclComm *comm);
+
 /* The window `win` of `comm`, or NULL (with the sentence, naming `func`)
  * where it is no window of this communicator. */
 ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char *func, struct rma_win **out);
+
+/* The communicator of window `win` (NULL where it is none), found
+ * without reading *win: any pointer may be asked. */
+struct ncclComm *rma_win_owner(ncclWindow_t win);
 
 /* Frees what the communicator's windows and signals hold (destroy). */
 void rma_destroy(struct ncclComm *comm);

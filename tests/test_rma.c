@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu_test.h"
 #include "harness.h"
 #include "nccl.h"
 #include "test.h"
@@ -251,8 +252,10 @@ static int bad_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   ncclWaitSignalDesc_t d = {.opCnt = 1, .peer = 0, .sigIdx = 0, .ctx = 0};
-  SAYS(comm, ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "register a window first");
-  SAYS(comm, ncclWaitSignal(1, &d, comm, NULL), ncclInvalidUsage, "register a window first");
+  /* Signals need no window: the communicator has them from its init. */
+  RCHECK(comm, ncclSignal(1 - rank, 5, 1, 0, comm, NULL));
+  ncclWaitSignalDesc_t first = {.opCnt = 1, .peer = 1 - rank, .sigIdx = 5, .ctx = 1};
+  RCHECK(comm, ncclWaitSignal(1, &first, comm, NULL));
   int32_t *buf;
   RCHECK(comm, ncclMemAlloc((void **)&buf, 4096));
   ncclWindow_t win = NULL, w2;
@@ -496,3 +499,42 @@ TEST_IMPL(rma_wait_abort) {
   close(fds[1]);
   return 0;
 }
+
+#if LOOM_TEST_CUDA
+/* A CUDA communicator registers windows of device memory (collectively),
+ * and refuses the one-sided calls with a sentence: not built yet. */
+static int cuda_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  (void)arg;
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  RASSERT(tbuf_is_cuda(comm), "not a CUDA communicator");
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  RCHECK(comm, ncclCommQueryProperties(comm, &props));
+  RASSERT(!props.hostRmaSupport, "a CUDA communicator: hostRmaSupport should be false");
+  void *d;
+  RCHECK(comm, ncclMemAlloc(&d, 4096));
+  ncclWindow_t win;
+  RCHECK(comm, ncclCommWindowRegister(comm, d, 4096, &win, NCCL_WIN_DEFAULT));
+  void *p = NULL;
+  RCHECK(comm, ncclWinGetUserPtr(comm, win, &p));
+  RASSERT(p == d, "the window's pointer is %p, not %p", p, d);
+  ncclWaitSignalDesc_t desc = {.opCnt = 1, .peer = 1 - rank, .sigIdx = 0, .ctx = 0};
+  SAYS(comm, ncclPutSignal(d, 4, ncclInt32, 1 - rank, win, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage,
+       "CUDA communicator is not implemented yet");
+  SAYS(comm, ncclSignal(1 - rank, 0, 0, 0, comm, NULL), ncclInvalidUsage, "CUDA communicator");
+  SAYS(comm, ncclWaitSignal(1, &desc, comm, NULL), ncclInvalidUsage, "CUDA communicator");
+  SAYS(comm, ncclGetPeerDevicePointer(win, 0, 1 - rank, &p), ncclInvalidUsage, "CUDA communicator");
+  RCHECK(comm, ncclCommWindowDeregister(comm, win));
+  RCHECK(comm, ncclMemFree(d));
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(gpu_rma_refused) {
+  NEED_GPU();
+  return run_ranks(2, cuda_rank, NULL);
+}
+#else
+NO_CUDA(gpu_rma_refused)
+#endif
