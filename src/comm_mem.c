@@ -211,7 +211,7 @@ struct seg_desc {
   uint64_t offset;   /* of addr in the memfd */
   uint64_t dev, ino; /* the memfd's identity, checked by whoever takes it */
   int32_t fd;        /* the owner's descriptor */
-  int32_t pad;
+  int32_t flags;     /* a window's registration flags */
 };
 
 
@@ -510,11 +510,24 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
   if (!comm->is_host || !mem_find_shared(buff, size, &fd, &offset, &seg_size))
     fd = -1;
   seg_describe(&all[comm->rank], buff, size, fd, offset, seg_size);
+  all[comm->rank].flags = flags;
   ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
   if (r != ncclSuccess) {
     err_context("%s: exchanging the windows' descriptions", func);
     comm_set_error(comm, r);
   }
+  /* A symmetric window is one size everywhere: every rank sees every
+   * size, so all refuse it together, whichever rank asked for it. */
+  int sym = -1;
+  for (int k = 0; r == ncclSuccess && k < comm->nranks; k++)
+    if (all[k].flags & NCCL_WIN_COLL_SYMMETRIC)
+      sym = k;
+  for (int k = 0; r == ncclSuccess && sym >= 0 && k < comm->nranks; k++)
+    if (all[k].size != all[sym].size)
+      r = err_set(ncclInvalidUsage,
+                  "%s: rank %d registers its window with NCCL_WIN_COLL_SYMMETRIC, but rank %d's window is %llu bytes "
+                  "and rank %d's %llu: a symmetric window has one size on every rank. Nothing was registered",
+                  func, sym, k, (unsigned long long)all[k].size, sym, (unsigned long long)all[sym].size);
   *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .comm = comm, .buff = buff, .size = size};
   if (r == ncclSuccess)
     r = win_connect(comm, w, all);

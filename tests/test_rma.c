@@ -322,6 +322,25 @@ static int bad_rank(int rank, int n, ncclUniqueId id, void *arg) {
     return 1;
   RCHECK(comm, ncclCommWindowDeregister(comm, win));
   SAYS(comm, ncclCommWindowDeregister(comm, win), ncclInvalidArgument, "not registered");
+  /* Sizes: rank 0's window is smaller. Symmetric (asked by rank 1 only),
+   * both ranks refuse; otherwise each put is checked against the size
+   * of the window it goes into. */
+  size_t mine = rank == 0 ? 1024 : 4096;
+  SAYS(comm, ncclCommWindowRegister(comm, buf, mine, &win, rank == 1 ? NCCL_WIN_COLL_SYMMETRIC : 0),
+       ncclInvalidUsage, "one size on every rank");
+  RCHECK(comm, ncclCommWindowRegister(comm, buf, mine, &win, 0));
+  if (rank == 1)
+    SAYS(comm, ncclPutSignal(x, 8, ncclInt32, 0, win, 1000, 0, 0, 0, comm, NULL), ncclInvalidArgument,
+         "rank 0's window of 1024 bytes");
+  else
+    RCHECK(comm, ncclPutSignal(x, 8, ncclInt32, 1, win, 1000, 0, 0, 0, comm, NULL));
+  if (rank == 1) {
+    d.peer = 0;
+    RCHECK(comm, ncclWaitSignal(1, &d, comm, NULL));
+  }
+  if (barrier(comm, n))
+    return 1;
+  RCHECK(comm, ncclCommWindowDeregister(comm, win));
   SAYS(comm, ncclPutSignal(x, 1, ncclInt32, peer, win, 0, 0, 0, 0, comm, NULL), ncclInvalidArgument,
        "not registered");
   RCHECK(comm, ncclMemFree(buf));
