@@ -478,6 +478,12 @@ static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const 
     seg_reach(comm, r, &all[r], "window", &pw->ptr, &pw->map, &pw->why);
     if (pw->map)
       pw->map_len = all[r].seg_size;
+    const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[r];
+    if (pw->ptr == NULL && all[r].seg_size == 0 && p->host_hash == me->host_hash && p->pid_ns == me->pid_ns &&
+        p->proc_id != me->proc_id) {
+      pw->vm_pid = p->pid;
+      pw->vm_addr = all[r].addr;
+    }
   }
   return ncclSuccess;
 }

@@ -17,9 +17,11 @@
 #include "misc/utils.h"
 #include "rma.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 /* The checks every one-sided call starts with. */
 static ncclResult_t rma_check_comm(struct ncclComm *comm, cudaStream_t stream, const char *func) {
@@ -70,6 +72,35 @@ static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, in
   return ncclSuccess;
 }
 
+/* A put into a window of another process that it cannot map (not from
+ * ncclMemAlloc): written into that process, which needs the right to
+ * ptrace it. The peer is checked alive first (its pidfd), so that its
+ * pid still names it. */
+static ncclResult_t write_process(struct ncclComm *comm, int peer, const struct rma_peer_win *pw, size_t offset,
+                                  const void *src, size_t bytes, const char *func) {
+  if (comm_peer_alive(comm, peer) != ncclSuccess) {
+    err_context("%s to rank %d", func, peer);
+    return ncclRemoteError;
+  }
+  size_t done = 0;
+  while (done < bytes) {
+    struct iovec local = {(char *)src + done, bytes - done};
+    struct iovec remote = {(void *)(uintptr_t)(pw->vm_addr + offset + done), bytes - done};
+    ssize_t n = process_vm_writev(pw->vm_pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      int e = n < 0 ? errno : EIO;
+      return err_set(ncclInvalidUsage,
+                     "%s to rank %d: %s; writing into its process (pid %d) instead failed after %zu of %zu bytes: "
+                     "process_vm_writev: %s%s",
+                     func, peer, pw->why, pw->vm_pid, done, bytes, strerror(e),
+                     e == EPERM ? " (it needs the right to ptrace the process, which Yama's ptrace_scope may withhold)"
+                                : "");
+    }
+    done += (size_t)n;
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
                                ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
                                struct ncclComm *comm, cudaStream_t stream) {
@@ -92,10 +123,12 @@ static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType
     return err_set(ncclInvalidArgument,
                    "%s: %zu elements of %s at offset %zu do not fit in rank %d's window of %zu bytes. Nothing was done",
                    func, count, dtype_name(datatype), peerWinOffset, peer, pw->size);
-  if (count > 0 && pw->ptr == NULL)
+  if (count > 0 && pw->ptr == NULL && pw->vm_pid == 0)
     return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer, pw->why);
-  if (count > 0)
+  if (count > 0 && pw->ptr != NULL)
     memmove(pw->ptr + peerWinOffset, localbuff, count * esize);
+  else if (count > 0)
+    CHECK(write_process(comm, peer, pw, peerWinOffset, localbuff, count * esize, func));
   return raise_signal(comm, peer, sigIdx, ctx, func);
 }
 

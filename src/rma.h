@@ -27,6 +27,11 @@ struct rma_peer_win {
   void *map;      /* a mapping of the peer's segment to unmap; NULL: none */
   size_t map_len;
   char *why;      /* where ptr is NULL: the sentence that says why (allocated) */
+  /* A window of another process of this host that is not memory from
+   * ncclMemAlloc: puts write into that process (process_vm_writev) at
+   * vm_addr; 0 where not. */
+  int vm_pid;
+  uint64_t vm_addr;
 };
 
 struct rma_win {

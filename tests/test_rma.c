@@ -188,8 +188,9 @@ TEST_IMPL(rma_peer_pointer_proc) {
   return run_ranks(3, pointer_rank, "proc");
 }
 
-/* A window on malloc memory: this rank's own process reaches it, the
- * other's does not, and says why; signals still go both ways. */
+/* A window on malloc memory: this rank's own process reaches it; the
+ * other's gets no pointer, saying why, and its puts are written into
+ * this process (process_vm_writev) where it may. */
 static int malloc_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   ncclComm_t comm;
@@ -199,7 +200,21 @@ static int malloc_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclWindow_t win;
   RCHECK(comm, ncclCommWindowRegister(comm, buf, 1024 * sizeof *buf, &win, NCCL_WIN_DEFAULT));
   int peer = 1 - rank;
-  SAYS(comm, ncclPutSignal(x, 4, ncclInt32, peer, win, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclMemAlloc");
+  /* A put writes into the peer's process where this one may ptrace it;
+   * elsewhere it is refused, saying why. Both ranks run alike. */
+  ncclResult_t r = ncclPutSignal(x, 4, ncclInt32, peer, win, 0, 0, 0, 0, comm, NULL);
+  if (r != ncclSuccess) {
+    const char *msg = ncclGetLastError(comm);
+    RASSERT(r == ncclInvalidUsage && strstr(msg, "ncclMemAlloc") && strstr(msg, "process_vm_writev"), "%d: %s",
+            (int)r, msg);
+    fprintf(stderr, "rank %d: %s\n", rank, msg);
+    RCHECK(comm, ncclSignal(peer, 0, 0, 0, comm, NULL));
+  }
+  ncclWaitSignalDesc_t from_peer = {.opCnt = 1, .peer = peer, .sigIdx = 0, .ctx = 0};
+  RCHECK(comm, ncclWaitSignal(1, &from_peer, comm, NULL));
+  if (r == ncclSuccess)
+    RASSERT(buf[0] == 1 && buf[3] == 4, "the peer's put wrote %d..%d", buf[0], buf[3]);
+  SAYS(comm, ncclPutSignal(x, 4, ncclInt32, peer, win, 4096, 0, 0, 0, comm, NULL), ncclInvalidArgument, "do not fit");
   void *p = NULL;
   SAYS(comm, ncclGetPeerDevicePointer(win, 0, peer, &p), ncclInvalidUsage, "ncclMemAlloc");
   RCHECK(comm, ncclPutSignal(x, 4, ncclInt32, rank, win, 16, 0, 0, 0, comm, NULL));
