@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- ncclMemAlloc ----
@@ -92,6 +93,25 @@ static int mem_find_shared(const void *p, size_t size, int *fd, size_t *offset, 
       *fd = b->fd;
       *offset = (size_t)((const char *)p - base);
       *seg_size = b->size;
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&mem_lock);
+  return found;
+}
+
+/* The device allocation [p, p + size) lies in: 1 with its start and the
+ * offset, else 0. */
+static int mem_find_device(const void *p, size_t size, void **base, size_t *offset) {
+  int found = 0;
+  pthread_mutex_lock(&mem_lock);
+  for (size_t i = 0; i < mem_count && !found; i++) {
+    const struct mem_block *b = &mem_blocks[i];
+    const char *start = b->ptr;
+    if (b->device >= 0 && (const char *)p >= start && (size_t)((const char *)p - start) < b->size &&
+        size <= b->size - (size_t)((const char *)p - start)) {
+      *base = b->ptr;
+      *offset = (size_t)((const char *)p - start);
       found = 1;
     }
   }
@@ -212,6 +232,11 @@ struct seg_desc {
   uint64_t dev, ino; /* the memfd's identity, checked by whoever takes it */
   int32_t fd;        /* the owner's descriptor */
   int32_t flags;     /* a window's registration flags */
+  /* CUDA communicators: the window's allocation (from ncclMemAlloc) as
+   * CUDA IPC hands it over, `offset` into it; ipc_ok 0 where none. */
+  int32_t ipc_ok;
+  int32_t cuda_dev;
+  uint8_t ipc[CUDA_IPC_HANDLE_BYTES];
 };
 
 
@@ -422,11 +447,21 @@ struct ncclComm *rma_win_owner(ncclWindow_t win) {
 
 static void win_free(struct ncclComm *comm, struct rma_win *w) {
   win_global(w, 0);
+  int saved = -2;
   for (int r = 0; w->peer && r < comm->nranks; r++) {
     if (w->peer[r].map)
       munmap(w->peer[r].map, w->peer[r].map_len);
+    if (w->peer[r].ipc_base) {
+      if (saved == -2) {
+        saved = cuda_current_device();
+        cuda_set_device(comm->cuda_dev);
+      }
+      cuda_ipc_close(w->peer[r].ipc_base);
+    }
     free(w->peer[r].why);
   }
+  if (saved != -2)
+    cuda_restore_device(saved);
   free(w->peer);
   w->magic = 0;
   free(w);
@@ -436,6 +471,20 @@ void rma_destroy(struct ncclComm *comm) {
   struct rma_state *st = comm->rma;
   if (!st)
     return;
+  /* Signals still queued on streams write through this state: they are
+   * waited for, for LOOM_TIMEOUT at most (a second after an abort); past
+   * that the state is left (a leak, not a write into freed memory). */
+  uint64_t deadline = comm_aborted(comm) ? time_ns() + 1000000000ull : deadline_from_timeout();
+  while (atomic_load(&st->pending) > 0 && time_ns() < deadline) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (atomic_load(&st->pending) > 0) {
+    WARN("rank %d: %d one-sided signal(s) still queued on streams after LOOM_TIMEOUT: their memory is left mapped",
+         comm->rank, atomic_load(&st->pending));
+    comm->rma = NULL;
+    return;
+  }
   for (struct rma_win *w = st->wins, *n; w; w = n) {
     n = w->next;
     win_free(comm, w);
@@ -467,6 +516,49 @@ ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char 
                  func, (void *)win);
 }
 
+/* A CUDA communicator's peer window: the pointer itself in this process
+ * (with peer access to its device, where that is another), else the
+ * allocation opened by CUDA IPC on this rank's device. */
+static void win_reach_cuda(struct ncclComm *comm, int peer, const struct seg_desc *d, struct rma_peer_win *pw) {
+  const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[peer];
+  char buf[LOOM_ERR_LEN];
+  if (peer == comm->rank || p->proc_id == me->proc_id) {
+    if (d->cuda_dev != comm->cuda_dev && cuda_enable_peer(d->cuda_dev) != ncclSuccess) {
+      snprintf(buf, sizeof buf, "rank %d's window is on device %d, which this rank's device %d cannot reach: %s",
+               peer, d->cuda_dev, comm->cuda_dev, err_thread_last());
+      pw->why = strdup(buf);
+      return;
+    }
+    pw->ptr = (char *)(uintptr_t)d->addr;
+    return;
+  }
+  if (p->host_hash != me->host_hash) {
+    snprintf(buf, sizeof buf,
+             "rank %d is on another host (%s): one-sided operations to a peer on another host are not implemented "
+             "yet in Loom; use ncclSend and ncclRecv",
+             peer, p->hostname);
+  } else if (!d->ipc_ok) {
+    snprintf(buf, sizeof buf,
+             "rank %d's window is not memory from ncclMemAlloc, whose allocation Loom hands to other processes by "
+             "CUDA IPC; allocate it with ncclMemAlloc",
+             peer);
+  } else {
+    int saved = cuda_current_device();
+    ncclResult_t r = cuda_set_device(comm->cuda_dev);
+    void *base = NULL;
+    if (r == ncclSuccess)
+      r = cuda_ipc_open(d->ipc, &base, "a peer's window");
+    cuda_restore_device(saved);
+    if (r == ncclSuccess) {
+      pw->ipc_base = base;
+      pw->ptr = (char *)base + d->offset;
+      return;
+    }
+    snprintf(buf, sizeof buf, "cannot open rank %d's window: %s", peer, err_thread_last());
+  }
+  pw->why = strdup(buf);
+}
+
 /* The window's peers, reached (or why not) from what they told. */
 static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const struct seg_desc *all) {
   w->peer = calloc((size_t)comm->nranks, sizeof *w->peer);
@@ -475,6 +567,10 @@ static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const 
   for (int r = 0; r < comm->nranks; r++) {
     struct rma_peer_win *pw = &w->peer[r];
     pw->size = all[r].size;
+    if (!comm->is_host) {
+      win_reach_cuda(comm, r, &all[r], pw);
+      continue;
+    }
     seg_reach(comm, r, &all[r], "window", &pw->ptr, &pw->map, &pw->why);
     if (pw->map)
       pw->map_len = all[r].seg_size;
@@ -517,6 +613,13 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
     fd = -1;
   seg_describe(&all[comm->rank], buff, size, fd, offset, seg_size);
   all[comm->rank].flags = flags;
+  all[comm->rank].cuda_dev = comm->cuda_dev;
+  void *base;
+  if (!comm->is_host && mem_find_device(buff, size, &base, &offset) &&
+      cuda_ipc_get(base, all[comm->rank].ipc) == ncclSuccess) {
+    all[comm->rank].ipc_ok = 1;
+    all[comm->rank].offset = offset;
+  }
   ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
   if (r != ncclSuccess) {
     err_context("%s: exchanging the windows' descriptions", func);

@@ -1,12 +1,14 @@
 /*
  * NCCL 2.29-2.30's one-sided operations on registered windows: a put
  * with a signal, a signal, a wait for signals, and the pointers through
- * which a peer's window is loaded and stored directly. On a host
- * communicator, between ranks of one host, a put copies straight into
- * the peer's window as this process maps it (comm_mem.c), then raises a
- * counter of the peer's (release); a wait reads its own counters
- * (acquire) and consumes what it waited for. Peers on other hosts and
- * CUDA communicators are refused with a sentence: not built yet.
+ * which a peer's window is loaded and stored directly, between ranks of
+ * one host. A put copies straight into the peer's window as this process
+ * maps it (comm_mem.c), then raises a counter of the peer's (release); a
+ * wait reads its own counters (acquire) and consumes what it waited for.
+ * On a CUDA communicator the copy is queued on the stream and the counter
+ * raised by a host function once the stream gets there; the wait is the
+ * host's, so that what is queued after it starts after the signals.
+ * Peers on other hosts are refused with a sentence: not built yet.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -14,6 +16,7 @@
 #include "comm_api.h"
 #include "common/dtype.h"
 #include "group.h"
+#include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "rma.h"
 
@@ -27,10 +30,7 @@
 static ncclResult_t rma_check_comm(struct ncclComm *comm, cudaStream_t stream, const char *func) {
   CHECK(comm_check(comm, func));
   if (!comm->is_host)
-    return err_set(ncclInvalidUsage,
-                   "%s on a CUDA communicator is not implemented yet in Loom; use ncclSend and ncclRecv in a group. "
-                   "Nothing was done",
-                   func);
+    return cuda_stream_check(stream, func, comm->rank);
   if (stream != NULL)
     return err_set(ncclInvalidArgument,
                    "%s: stream must be NULL on a host communicator (its buffers are host memory and the call "
@@ -62,14 +62,43 @@ static ncclResult_t rma_signals(const struct ncclComm *comm, const char *func) {
 /* Raises rank `peer`'s counter of this rank's signals on (ctx, sigIdx):
  * release, so that what this thread wrote before (a put's data) is seen
  * by the thread that acquires the count. */
-static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, int ctx, const char *func) {
+struct raise_arg {
+  _Atomic uint64_t *counter;
+  _Atomic int *pending;
+};
+
+/* On the host, once the stream has reached the signal: what the stream
+ * did before (a put's copy) is complete. */
+static void raise_cb(void *p) {
+  struct raise_arg *a = p;
+  atomic_fetch_add_explicit(a->counter, 1, memory_order_release);
+  atomic_fetch_sub(a->pending, 1);
+  free(a);
+}
+
+/* A CUDA communicator raises it once `stream` gets there. */
+static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, int ctx, cudaStream_t stream,
+                                 const char *func) {
   struct rma_state *st = comm->rma;
   if (st->sig_peer[peer] == NULL)
     return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer,
                    st->sig_why[peer] ? st->sig_why[peer] : "its signals cannot be reached");
-  atomic_fetch_add_explicit(&st->sig_peer[peer][rma_sig_index(comm, ctx, sigIdx, comm->rank)], 1,
-                            memory_order_release);
-  return ncclSuccess;
+  _Atomic uint64_t *counter = &st->sig_peer[peer][rma_sig_index(comm, ctx, sigIdx, comm->rank)];
+  if (comm->is_host) {
+    atomic_fetch_add_explicit(counter, 1, memory_order_release);
+    return ncclSuccess;
+  }
+  struct raise_arg *a = malloc(sizeof *a);
+  if (!a)
+    return err_set(ncclSystemError, "%s: out of memory", func);
+  *a = (struct raise_arg){counter, &st->pending};
+  atomic_fetch_add(&st->pending, 1);
+  ncclResult_t r = cuda_host_func(stream, raise_cb, a, "a one-sided signal");
+  if (r != ncclSuccess) {
+    atomic_fetch_sub(&st->pending, 1);
+    free(a);
+  }
+  return r;
 }
 
 /* A put into a window of another process that it cannot map (not from
@@ -114,6 +143,8 @@ static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType
                    ncclNumTypes - 1);
   if (count > 0 && localbuff == NULL)
     return err_set(ncclInvalidArgument, "%s: localbuff is NULL (count %zu)", func, count);
+  if (count > 0 && !comm->is_host)
+    CHECK(cuda_check_pointer(localbuff, 0, comm->cuda_dev, func, "localbuff"));
   struct rma_win *w = NULL;
   CHECK(rma_win_lookup(comm, peerWin, func, &w));
   CHECK(rma_signals(comm, func));
@@ -125,11 +156,13 @@ static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType
                    func, count, dtype_name(datatype), peerWinOffset, peer, pw->size);
   if (count > 0 && pw->ptr == NULL && pw->vm_pid == 0)
     return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer, pw->why);
-  if (count > 0 && pw->ptr != NULL)
+  if (count > 0 && !comm->is_host)
+    CHECK(cuda_memcpy_async(pw->ptr + peerWinOffset, localbuff, count * esize, stream, "ncclPutSignal"));
+  else if (count > 0 && pw->ptr != NULL)
     memmove(pw->ptr + peerWinOffset, localbuff, count * esize);
   else if (count > 0)
     CHECK(write_process(comm, peer, pw, peerWinOffset, localbuff, count * esize, func));
-  return raise_signal(comm, peer, sigIdx, ctx, func);
+  return raise_signal(comm, peer, sigIdx, ctx, stream, func);
 }
 
 static ncclResult_t signal_only(int peer, int sigIdx, int ctx, unsigned int flags, struct ncclComm *comm,
@@ -140,7 +173,7 @@ static ncclResult_t signal_only(int peer, int sigIdx, int ctx, unsigned int flag
     return err_set(ncclInvalidArgument, "%s: flags 0x%x: they are reserved and must be 0", func, flags);
   CHECK(rma_check_signal(comm, peer, sigIdx, ctx, func));
   CHECK(rma_signals(comm, func));
-  return raise_signal(comm, peer, sigIdx, ctx, func);
+  return raise_signal(comm, peer, sigIdx, ctx, stream, func);
 }
 
 /* The signals one wait needs: the descriptors' counts summed by (peer,
@@ -297,10 +330,6 @@ static ncclResult_t peer_pointer(ncclWindow_t window, size_t offset, int peer, i
   struct rma_win *w = NULL;
   CHECK(rma_win_lookup(comm, window, func, &w));
   *owner = comm;
-  if (!comm->is_host)
-    return err_set(ncclInvalidUsage,
-                   "%s: a window of a CUDA communicator: peers' device pointers are not implemented yet in Loom",
-                   func);
   if (lsa) {
     /* The LSA team: the consecutive ranks around this one on its host
      * (device_api.c's teams), numbered from 0. */

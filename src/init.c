@@ -253,8 +253,7 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   me->tuning_hash = (uint32_t)util_hash_str(param_str(P_ALGO), util_hash_str(param_str(P_PROTO), 0));
   me->check_calls = comm->is_host && call_check_enabled();
   me->sig_fd = -1;
-  if (comm->is_host)
-    CHECK(rma_signals_create(comm));
+  CHECK(rma_signals_create(comm));
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
   comm->check_calls = me->check_calls;

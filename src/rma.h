@@ -32,6 +32,7 @@ struct rma_peer_win {
    * vm_addr; 0 where not. */
   int vm_pid;
   uint64_t vm_addr;
+  void *ipc_base; /* CUDA communicators: the peer's allocation opened by CUDA IPC, to close */
 };
 
 struct rma_win {
@@ -58,13 +59,17 @@ struct rma_state {
   char **sig_why;                /* nranks: why not reachable */
   uint64_t *consumed;
   struct rma_win *wins;
+  /* CUDA communicators: signals queued on streams (cudaLaunchHostFunc)
+   * and not yet raised; destroy waits for them, since they write into
+   * the peers' counters this state maps. */
+  _Atomic int pending;
 };
 
 static inline size_t rma_sig_index(const struct ncclComm *comm, int ctx, int sig, int sender) {
   return ((size_t)ctx * RMA_SIGNALS + (size_t)sig) * (size_t)comm->nranks + (size_t)sender;
 }
 
-/* Host communicators, at init: this rank's signal counters, described in
+/* At init: this rank's signal counters, described in
  * its peer_info before the all-gather (rma_signals_create), then the
  * peers' counters mapped once the pidfds are open (rma_signals_connect).
  * Only running out of memory fails; counters that cannot be shared make

@@ -7,6 +7,8 @@
  * windows on malloc memory, peers on other hosts and bad arguments
  * refused with a sentence; a wait for a signal never sent fails after
  * LOOM_TIMEOUT naming the peer, and a wait on a peer that died says so.
+ * CUDA communicators (gpu_rma_put_signal, in the emulation): windows by
+ * CUDA IPC, puts and signals queued on the stream.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -535,40 +537,85 @@ TEST_IMPL(rma_wait_abort) {
 }
 
 #if LOOM_TEST_CUDA
-/* A CUDA communicator registers windows of device memory (collectively),
- * and refuses the one-sided calls with a sentence: not built yet. */
+/* CUDA communicators, ranks as processes of one host: windows of device
+ * memory from ncclMemAlloc, opened by CUDA IPC; puts queued on the
+ * stream, signals raised when the stream gets there, waits on the host;
+ * the peer's pointer written with a device copy; a window of cudaMalloc
+ * memory refused for puts from the other process. */
 static int cuda_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   CUDA_OK(cudaSetDevice(0));
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   RASSERT(tbuf_is_cuda(comm), "not a CUDA communicator");
-  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  RCHECK(comm, ncclCommQueryProperties(comm, &props));
-  RASSERT(!props.hostRmaSupport, "a CUDA communicator: hostRmaSupport should be false");
-  void *d;
-  RCHECK(comm, ncclMemAlloc(&d, 4096));
+  enum { N = 256 };
+  size_t bytes = (size_t)n * N * sizeof(int32_t);
+  int32_t *win_d, *src_d, h[4 * N];
+  RCHECK(comm, ncclMemAlloc((void **)&win_d, bytes));
+  CUDA_OK(cudaMalloc((void **)&src_d, N * sizeof(int32_t)));
+  CUDA_OK(cudaMemset(win_d, 0, bytes));
+  /* Zeroed before any peer can put into it (the registration is
+   * collective): cudaMemset is asynchronous. */
+  CUDA_OK(cudaStreamSynchronize(NULL));
   ncclWindow_t win;
-  RCHECK(comm, ncclCommWindowRegister(comm, d, 4096, &win, NCCL_WIN_DEFAULT));
-  void *p = NULL;
-  RCHECK(comm, ncclWinGetUserPtr(comm, win, &p));
-  RASSERT(p == d, "the window's pointer is %p, not %p", p, d);
-  ncclWaitSignalDesc_t desc = {.opCnt = 1, .peer = 1 - rank, .sigIdx = 0, .ctx = 0};
-  SAYS(comm, ncclPutSignal(d, 4, ncclInt32, 1 - rank, win, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage,
-       "CUDA communicator is not implemented yet");
-  SAYS(comm, ncclSignal(1 - rank, 0, 0, 0, comm, NULL), ncclInvalidUsage, "CUDA communicator");
-  SAYS(comm, ncclWaitSignal(1, &desc, comm, NULL), ncclInvalidUsage, "CUDA communicator");
-  SAYS(comm, ncclGetPeerDevicePointer(win, 0, 1 - rank, &p), ncclInvalidUsage, "CUDA communicator");
+  RCHECK(comm, ncclCommWindowRegister(comm, win_d, bytes, &win, NCCL_WIN_DEFAULT));
+  for (int i = 0; i < N; i++)
+    h[i] = 1000 * rank + i;
+  CUDA_OK(cudaMemcpy(src_d, h, N * sizeof(int32_t), cudaMemcpyHostToDevice));
+  ncclWaitSignalDesc_t d[4];
+  for (int to = 0; to < n; to++) {
+    RCHECK(comm, ncclPutSignal(src_d, N, ncclInt32, to, win, (size_t)rank * N * sizeof(int32_t), 0, 0, 0, comm,
+                               NULL));
+    d[to] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = to, .sigIdx = 0, .ctx = 0};
+  }
+  RCHECK(comm, ncclWaitSignal(n, d, comm, NULL));
+  CUDA_OK(cudaMemcpy(h, win_d, bytes, cudaMemcpyDeviceToHost));
+  for (int from = 0; from < n; from++)
+    for (int i = 0; i < N; i++)
+      RASSERT(h[from * N + i] == 1000 * from + i, "rank %d's element %d is %d", from, i, h[from * N + i]);
+  /* Every rank has read its window before any writes into it again. */
+  for (int r = 0; r < n; r++) {
+    RCHECK(comm, ncclSignal(r, 3, 0, 0, comm, NULL));
+    d[r] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = r, .sigIdx = 3, .ctx = 0};
+  }
+  RCHECK(comm, ncclWaitSignal(n, d, comm, NULL));
+  /* Through the pointer: a device copy into the next rank's first
+   * element, then a signal on the stream after it. */
+  int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  int32_t *peer_d = NULL, v = -7 - rank;
+  RCHECK(comm, ncclGetPeerDevicePointer(win, 0, next, (void **)&peer_d));
+  RASSERT(peer_d != NULL, "no pointer");
+  CUDA_OK(cudaMemcpyAsync(peer_d, &v, sizeof v, cudaMemcpyHostToDevice, NULL));
+  RCHECK(comm, ncclSignal(next, 1, 0, 0, comm, NULL));
+  d[0] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = prev, .sigIdx = 1, .ctx = 0};
+  RCHECK(comm, ncclWaitSignal(1, d, comm, NULL));
+  CUDA_OK(cudaMemcpy(h, win_d, sizeof(int32_t), cudaMemcpyDeviceToHost));
+  RASSERT(h[0] == -7 - prev, "the pointer's store gave %d", h[0]);
+  /* cudaMalloc memory: the other process gets no way in. */
+  ncclWindow_t w2;
+  RCHECK(comm, ncclCommWindowRegister(comm, src_d, N * sizeof(int32_t), &w2, 0));
+  SAYS(comm, ncclPutSignal(src_d, 1, ncclInt32, 1 - rank, w2, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage,
+       "ncclMemAlloc");
+  SAYS(comm, ncclPutSignal(h, 1, ncclInt32, rank, w2, 0, 0, 0, 0, comm, NULL), ncclInvalidArgument, "localbuff");
+  /* Barrier, then the windows go. */
+  for (int r = 0; r < n; r++) {
+    RCHECK(comm, ncclSignal(r, 2, 0, 0, comm, NULL));
+    d[r] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = r, .sigIdx = 2, .ctx = 0};
+  }
+  RCHECK(comm, ncclWaitSignal(n, d, comm, NULL));
+  CUDA_OK(cudaStreamSynchronize(NULL));
+  RCHECK(comm, ncclCommWindowDeregister(comm, w2));
   RCHECK(comm, ncclCommWindowDeregister(comm, win));
-  RCHECK(comm, ncclMemFree(d));
+  RCHECK(comm, ncclMemFree(win_d));
+  CUDA_OK(cudaFree(src_d));
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
 
-TEST_IMPL(gpu_rma_refused) {
+TEST_IMPL(gpu_rma_put_signal) {
   NEED_GPU();
   return run_ranks(2, cuda_rank, NULL);
 }
 #else
-NO_CUDA(gpu_rma_refused)
+NO_CUDA(gpu_rma_put_signal)
 #endif

@@ -47,7 +47,7 @@ struct peer_info {
    * `pid` means something only to ranks of the same one. */
   uint64_t proc_id;
   uint64_t pid_ns;
-  /* Host communicators: the rank's one-sided signal counters (rma.h), a
+  /* The rank's one-sided signal counters (rma.h), a
    * memfd of sig_size bytes mapped at sig_addr in its process, its
    * descriptor there and identity; sig_size 0 where it has none. */
   uint64_t sig_addr, sig_size, sig_dev, sig_ino;

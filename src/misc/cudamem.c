@@ -410,6 +410,16 @@ ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const ch
   return ncclSuccess;
 }
 
+ncclResult_t cuda_memcpy_async(void *dst, const void *src, size_t n, void *stream, const char *what) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)stream);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMemcpyAsync of %zu bytes (%s)", n, what);
+}
+
+ncclResult_t cuda_host_func(void *stream, void (*fn)(void *), void *arg, const char *what) {
+  cudaError_t e = cudaLaunchHostFunc((cudaStream_t)stream, fn, arg);
+  return e == cudaSuccess ? ncclSuccess : fail(e, "cudaLaunchHostFunc (%s)", what);
+}
+
 #else /* host-only build */
 
 static ncclResult_t none(const char *what) {
@@ -433,6 +443,12 @@ void cuda_host_free(void *host) {}
 ncclResult_t cuda_ipc_get(void *ptr, void *handle) { return none("cudaIpcGetMemHandle"); }
 ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what) { return none("cudaIpcOpenMemHandle"); }
 void cuda_ipc_close(void *ptr) {}
+ncclResult_t cuda_memcpy_async(void *dst, const void *src, size_t n, void *stream, const char *what) {
+  return none("cudaMemcpyAsync");
+}
+ncclResult_t cuda_host_func(void *stream, void (*fn)(void *), void *arg, const char *what) {
+  return none("cudaLaunchHostFunc");
+}
 int cuda_gdr_supported(int dev) { return 0; }
 int cuda_compute_capability(int dev) { return 0; }
 int cuda_dmabuf_supported(int dev, char *why, size_t len) {

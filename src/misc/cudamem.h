@@ -81,6 +81,12 @@ ncclResult_t cuda_ipc_get(void *ptr, void *handle);
 ncclResult_t cuda_ipc_open(const void *handle, void **ptr, const char *what);
 void cuda_ipc_close(void *ptr);
 
+/* One-sided operations (comm_rma.c): a copy of any memory to any queued
+ * on `stream`, and fn(arg) run on the host once the stream reaches it
+ * (fn must not call CUDA). */
+ncclResult_t cuda_memcpy_async(void *dst, const void *src, size_t n, void *stream, const char *what);
+ncclResult_t cuda_host_func(void *stream, void (*fn)(void *), void *arg, const char *what);
+
 /* GPUDirect RDMA (src/transport/net/net_gdr.c). Whether the device lets a NIC
  * reach its memory at all (cudaDevAttrGPUDirectRDMASupported). */
 int cuda_gdr_supported(int dev);
