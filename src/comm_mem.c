@@ -662,6 +662,21 @@ static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
                    "%s inside ncclGroupStart/ncclGroupEnd is not implemented yet in Loom; deregister the window "
                    "outside a group",
                    func);
+  /* A CUDA communicator's puts are queued on streams, each followed by
+   * its signal: once none of this rank's signals is pending, its puts
+   * into any window are done. */
+  uint64_t deadline = deadline_from_timeout();
+  while (atomic_load(&comm->rma->pending) > 0) {
+    if (comm_aborted(comm))
+      return err_set(ncclInvalidUsage, "%s: the communicator was aborted", func);
+    if (time_ns() > deadline)
+      return err_set(ncclRemoteError,
+                     "%s: rank %d's one-sided operations queued on streams did not complete within LOOM_TIMEOUT=%llds "
+                     "(is a stream stuck?); the window stays registered",
+                     func, comm->rank, (long long)timeout_seconds());
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
   /* Collective, as its registration: no peer puts into the window once
    * any rank has returned from here. */
   int32_t *words = calloc((size_t)comm->nranks, sizeof *words);

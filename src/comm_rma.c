@@ -53,15 +53,12 @@ static ncclResult_t rma_check_signal(const struct ncclComm *comm, int peer, int 
 }
 
 static ncclResult_t rma_signals(const struct ncclComm *comm, const char *func) {
-  /* Host communicators set them up at init (rma_signals_create). */
+  /* Every communicator sets them up at init (rma_signals_create). */
   if (comm->rma == NULL || !comm->rma->sig_ready)
     return err_set(ncclInternalError, "%s: the communicator has no one-sided signals", func);
   return ncclSuccess;
 }
 
-/* Raises rank `peer`'s counter of this rank's signals on (ctx, sigIdx):
- * release, so that what this thread wrote before (a put's data) is seen
- * by the thread that acquires the count. */
 struct raise_arg {
   _Atomic uint64_t *counter;
   _Atomic int *pending;
@@ -76,7 +73,10 @@ static void raise_cb(void *p) {
   free(a);
 }
 
-/* A CUDA communicator raises it once `stream` gets there. */
+/* Raises rank `peer`'s counter of this rank's signals on (ctx, sigIdx):
+ * release, so that what this thread wrote before (a put's data) is seen
+ * by the thread that acquires the count. A CUDA communicator raises it
+ * once `stream` gets there. */
 static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, int ctx, cudaStream_t stream,
                                  const char *func) {
   struct rma_state *st = comm->rma;
