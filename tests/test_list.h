@@ -400,6 +400,7 @@ TEST(rma_wait_dead_peer, 60)
 TEST(rma_other_host_refused, 60)
 TEST(rma_wait_abort, 60)
 TEST(gpu_rma_put_signal, 60)
+TEST(gpu_rma_threads, 60)
 TEST(gpu_revoke_kernel, 90)
 /* The NCCL 2.30 parameter API (test_param_api.c). */
 TEST(param_api_bind, 30)

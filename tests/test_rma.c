@@ -616,6 +616,59 @@ TEST_IMPL(gpu_rma_put_signal) {
   NEED_GPU();
   return run_ranks(2, cuda_rank, NULL);
 }
+/* Ranks as threads of one process on CUDA communicators: a window of
+ * cudaMalloc memory is reached by its pointer; each rank its own stream. */
+static int cuda_thread_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  (void)arg;
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  enum { N = 128 };
+  int32_t *win_d, *src_d, h[N];
+  CUDA_OK(cudaMalloc((void **)&win_d, n * N * sizeof(int32_t)));
+  CUDA_OK(cudaMalloc((void **)&src_d, N * sizeof(int32_t)));
+  for (int i = 0; i < N; i++)
+    h[i] = 100 * rank + i;
+  CUDA_OK(cudaMemcpyAsync(src_d, h, sizeof h, cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ncclWindow_t win;
+  RCHECK(comm, ncclCommWindowRegister(comm, win_d, n * N * sizeof(int32_t), &win, 0));
+  ncclWaitSignalDesc_t d[4];
+  for (int to = 0; to < n; to++) {
+    RCHECK(comm, ncclPutSignal(src_d, N, ncclInt32, to, win, (size_t)rank * N * sizeof(int32_t), 0, 0, 0, comm, s));
+    d[to] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = to, .sigIdx = 0, .ctx = 0};
+  }
+  RCHECK(comm, ncclWaitSignal(n, d, comm, s));
+  for (int from = 0; from < n; from++) {
+    CUDA_OK(cudaMemcpyAsync(h, win_d + from * N, sizeof h, cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int i = 0; i < N; i++)
+      RASSERT(h[i] == 100 * from + i, "rank %d's element %d is %d", from, i, h[i]);
+  }
+  void *p = NULL;
+  RCHECK(comm, ncclGetPeerDevicePointer(win, 8, 1 - rank, &p));
+  RASSERT(p != NULL, "no pointer");
+  for (int r = 0; r < n; r++) {
+    RCHECK(comm, ncclSignal(r, 1, 0, 0, comm, s));
+    d[r] = (ncclWaitSignalDesc_t){.opCnt = 1, .peer = r, .sigIdx = 1, .ctx = 0};
+  }
+  RCHECK(comm, ncclWaitSignal(n, d, comm, s));
+  RCHECK(comm, ncclCommWindowDeregister(comm, win));
+  CUDA_OK(cudaStreamSynchronize(s));
+  RCHECK(comm, ncclCommDestroy(comm));
+  CUDA_OK(cudaFree(win_d));
+  CUDA_OK(cudaFree(src_d));
+  CUDA_OK(cudaStreamDestroy(s));
+  return 0;
+}
+
+TEST_IMPL(gpu_rma_threads) {
+  NEED_GPU();
+  return run_rank_threads(2, cuda_thread_rank, NULL);
+}
 #else
 NO_CUDA(gpu_rma_put_signal)
+NO_CUDA(gpu_rma_threads)
 #endif
