@@ -41,8 +41,6 @@ ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
   return res;
 }
 
-static void free_conn_cb(struct conn *c, void *unused) { transport_free_conn(c); }
-
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
     return;
@@ -52,7 +50,7 @@ void comm_destroy_all(struct ncclComm *comm) {
    * the communicator's device. */
   int saved_dev = comm->is_host ? -1 : cuda_current_device();
   cuda_comm_fini(comm, comm->abort_flag);
-  transport_each_conn(comm, free_conn_cb, NULL);
+  transport_free_all(comm);
   cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
   for (int r = 0; comm->peer_pidfd && r < comm->nranks; r++)
@@ -74,6 +72,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   comm_free_works(comm);
   free(comm->lanes);
   free(comm->check_buf);
+  comm_suspend_free(comm);
   comm->magic = 0;
   comm_slot_free(comm);
 }
@@ -107,9 +106,10 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   /* Entered and never left: a thread that comes later is refused until
    * the slot is gone, after which the communicator is no more. */
   ncclResult_t r = comm_enter(comm, "ncclCommDestroy");
-  if (r == ncclSuccess && comm->in_group) {
+  if (r == ncclSuccess && (comm->in_group || comm->suspend_queued)) {
     comm_leave(comm);
-    r = err_set(ncclInvalidUsage, "ncclCommDestroy: the communicator has operations queued in an open group");
+    r = err_set(ncclInvalidUsage, "ncclCommDestroy: the communicator has %s queued in an open group",
+                comm->in_group ? "operations" : comm->suspend_queued == 1 ? "ncclCommSuspend" : "ncclCommResume");
   }
   if (r != ncclSuccess)
     return api_finish(NULL, r);

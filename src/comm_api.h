@@ -21,6 +21,8 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
 
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);
+/* Frees what ncclCommSuspend kept for ncclCommResume (comm_suspend.c). */
+void comm_suspend_free(struct ncclComm *comm);
 /* Releases the works a communicator keeps for reuse (enqueue.c). */
 void comm_free_works(struct ncclComm *comm);
 

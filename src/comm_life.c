@@ -1,10 +1,10 @@
 /*
- * NCCL 2.28-2.30's calls on a communicator's life: revoking it, growing
- * it, suspending and resuming its memory, and the statistics of that
- * memory. Revoking works; the others are not built yet: each says so,
- * names what it would do and what to use meanwhile, and changes nothing,
- * so that a program reaching them learns it at the call instead of from a
- * wrong result.
+ * NCCL 2.28-2.30's calls on a communicator's life: revoking it and
+ * growing it (suspending and resuming its memory are comm_suspend.c's).
+ * Revoking works; growing is not built yet: it says so, names what it
+ * would do and what to use meanwhile, and changes nothing, so that a
+ * program reaching it learns it at the call instead of from a wrong
+ * result.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -44,6 +44,9 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
     return api_finish(comm, err_set(ncclInvalidUsage,
                                     "ncclCommRevoke: the communicator was finalized; only ncclCommDestroy may "
                                     "follow"));
+  if (atomic_load(&comm->suspended) || comm->suspend_queued)
+    return api_finish(comm, err_set(ncclInvalidUsage,
+                                    "ncclCommRevoke: the communicator is suspended; call ncclCommResume"));
   if (atomic_exchange(&comm->revoked, 1))
     return api_finish(comm, ncclSuccess); /* revoked already */
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
@@ -81,21 +84,4 @@ NCCL_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniq
                                     "in Loom; create a new communicator with every rank. Nothing was done"));
   return api_finish(comm, not_yet(comm, "ncclCommGrow", "adding ranks to a running communicator",
                                   "create a new communicator with every rank"));
-}
-
-NCCL_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {
-  (void)flags;
-  return api_finish(comm, not_yet(comm, "ncclCommSuspend", "releasing the communicator's memory until resumed",
-                                  "destroy the communicator and create it again"));
-}
-
-NCCL_API(ncclResult_t, ncclCommResume, ncclComm_t comm) {
-  return api_finish(comm, not_yet(comm, "ncclCommResume", "rebuilding a suspended communicator's memory",
-                                  "no communicator can be suspended"));
-}
-
-NCCL_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value) {
-  (void)stat, (void)value;
-  return api_finish(comm, not_yet(comm, "ncclCommMemStats", "the GPU memory a communicator holds",
-                                  "read the device's use with cudaMemGetInfo"));
 }

@@ -24,7 +24,7 @@ static ncclResult_t busy_refusal(const char *func) {
                  func);
 }
 
-ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
+ncclResult_t comm_check_even_suspended(const struct ncclComm *comm, const char *func) {
   if (comm == NULL)
     return err_set(ncclInvalidArgument, "%s: comm is NULL", func);
   if (!comm_live(comm))
@@ -43,6 +43,18 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
                    func, comm->first_error);
   if (comm->finalized)
     return err_set(ncclInvalidUsage, "%s: the communicator was finalized; only ncclCommDestroy may follow", func);
+  return ncclSuccess;
+}
+
+ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
+  CHECK(comm_check_even_suspended(comm, func));
+  if (atomic_load(&comm->suspended))
+    return err_set(ncclInvalidUsage, "%s: the communicator is suspended; call ncclCommResume", func);
+  if (comm->suspend_queued == 1)
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator is suspended at the end of this group (ncclCommSuspend was called in it); "
+                   "call ncclCommResume after ncclGroupEnd",
+                   func);
   return ncclSuccess;
 }
 

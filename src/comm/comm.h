@@ -20,6 +20,7 @@ struct task;
 struct status_rec;
 struct call_desc;
 struct tuner;
+struct suspend_state;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -130,6 +131,14 @@ struct ncclComm {
   volatile int abort_flag;
   /* ncclCommRevoke: no more calls but split, shrink, destroy and abort. */
   _Atomic int revoked;
+  /* ncclCommSuspend released the connections (and a CUDA communicator's
+   * executor): no calls but ncclCommResume, ncclCommMemStats, the
+   * queries, destroy and abort. suspend_queued: 1 while a suspend, 2
+   * while a resume waits in an open group for its end. What Resume
+   * rebuilds is kept in `suspend` (comm_suspend.c). */
+  _Atomic int suspended;
+  int suspend_queued;
+  struct suspend_state *suspend;
   /* 1 while a thread is inside a call on this communicator (NCCL allows
    * one at a time): ncclCommAbort from another thread waits for it to see
    * abort_flag and leave before it frees anything. */
@@ -181,6 +190,9 @@ struct ncclComm {
 
 /* Validates a communicator argument; records the sentence on failure. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
+/* The same, but a suspended communicator passes: for the calls that work
+ * on one (ncclCommResume, the queries). */
+ncclResult_t comm_check_even_suspended(const struct ncclComm *comm, const char *func);
 /* The refusal of a pointer that is no live communicator, for `func`. */
 ncclResult_t comm_not_a_comm(const char *func);
 
