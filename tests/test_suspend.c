@@ -236,6 +236,69 @@ TEST_IMPL(suspend_group) {
   return 0;
 }
 
+/* A nonblocking communicator's AllReduce still in flight (rank 1 joins
+ * only once rank 0 has tried): rank 0's suspend is refused, since waiting
+ * for a call its peer has not made could be forever; once the AllReduce
+ * ends, both ranks suspend and resume, and the next AllReduce is right. */
+static int wait_done(ncclComm_t comm, ncclResult_t r) {
+  RASSERT(r == ncclSuccess || r == ncclInProgress, "returned %d: %s", (int)r, ncclGetLastError(comm));
+  ncclResult_t st = ncclInProgress;
+  for (double t0 = now_s(); st == ncclInProgress && now_s() - t0 < 30;)
+    RCHECK(comm, ncclCommGetAsyncError(comm, &st));
+  RASSERT(st == ncclSuccess, "ended as %d: %s", (int)st, ncclGetLastError(comm));
+  return 0;
+}
+
+static int busy_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  int *go = arg; /* a pipe: rank 0 writes once it has tried */
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm;
+  ncclResult_t init = ncclCommInitRankConfig(&comm, n, id, rank, &config);
+  RASSERT(init == ncclSuccess || init == ncclInProgress, "init returned %d", (int)init);
+  if (wait_done(comm, init))
+    return 1;
+  static float x[1 << 12];
+  for (int i = 0; i < 1 << 12; i++)
+    x[i] = (float)(rank + 1);
+  if (rank == 0) {
+    close(go[0]);
+    RASSERT(ncclAllReduce(x, x, 1 << 12, ncclFloat, ncclSum, comm, NULL) == ncclInProgress, "not in flight");
+    ncclResult_t r = ncclCommSuspend(comm, NCCL_SUSPEND_MEM);
+    RASSERT(r == ncclInvalidUsage && strstr(ncclGetLastError(NULL), "still in progress"),
+            "suspend during a call in flight: %d: %s", (int)r, ncclGetLastError(NULL));
+    RASSERT(write(go[1], "g", 1) == 1, "write");
+    close(go[1]);
+    if (wait_done(comm, ncclInProgress))
+      return 1;
+  } else {
+    close(go[1]);
+    char b;
+    RASSERT(read(go[0], &b, 1) == 1, "rank 0 never tried");
+    close(go[0]);
+    if (wait_done(comm, ncclAllReduce(x, x, 1 << 12, ncclFloat, ncclSum, comm, NULL)))
+      return 1;
+  }
+  RASSERT(x[0] == 3 && x[4095] == 3, "the AllReduce gave %g", x[0]);
+  RCHECK(comm, ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
+  RCHECK(comm, ncclCommResume(comm));
+  if (wait_done(comm, ncclAllReduce(x, x, 1 << 12, ncclFloat, ncclSum, comm, NULL)))
+    return 1;
+  RASSERT(x[0] == 6 && x[4095] == 6, "after resuming the AllReduce gave %g", x[0]);
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(suspend_nonblocking_busy) {
+  setenv("LOOM_DEVICE", "host", 1);
+  int go[2];
+  ASSERT(pipe(go) == 0);
+  int r = run_ranks(2, busy_rank, go);
+  close(go[0]);
+  close(go[1]);
+  return r;
+}
+
 static int says(ncclComm_t comm, ncclResult_t got, ncclResult_t want, const char *words, const char *what) {
   const char *msg = ncclGetLastError(comm);
   if (got != want || strstr(msg, words) == NULL) {
