@@ -22,7 +22,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
@@ -124,22 +123,7 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (!comm_live(comm))
     return api_finish(NULL, comm_not_a_comm("ncclCommAbort"));
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
-  /* A thread inside a call notices the flag at its next check (every
-   * 100 ms of a wait) and returns ncclInvalidUsage; only then may the
-   * connections and memory it uses go. The abort then holds the
-   * communicator itself, so that no other thread can enter it. */
-  uint64_t t0 = time_ns();
-  int warned = 0, idle = 0;
-  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
-    idle = 0;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-    if (!warned && time_ns() - t0 > 5000000000ull) {
-      WARN("rank %d: ncclCommAbort has waited 5 s for the thread inside a call on this communicator to return",
-           comm->rank);
-      warned = 1;
-    }
-  }
+  comm_hold(comm, "ncclCommAbort");
   /* What another thread destroyed meanwhile (its slot reads as zeros) is
    * not there to abort. */
   if (!comm_live(comm))

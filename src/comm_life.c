@@ -14,7 +14,6 @@
 #include "exec/cuda/cuda_exec.h"
 
 #include <stdatomic.h>
-#include <time.h>
 
 static ncclResult_t not_yet(const struct ncclComm *comm, const char *func, const char *what, const char *instead) {
   CHECK(comm_check(comm, func));
@@ -50,15 +49,7 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   if (atomic_exchange(&comm->revoked, 1))
     return api_finish(comm, ncclSuccess); /* revoked already */
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
-  /* A thread inside a call sees the flag at its next check (every 100 ms
-   * of a wait) and leaves; then this holds the communicator. */
-  int idle = 0;
-  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
-    idle = 0;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  atomic_store(&comm->in_call_func, "ncclCommRevoke");
+  comm_hold(comm, "ncclCommRevoke");
   async_wait(comm);
   if (!comm->is_host)
     cuda_comm_stop(comm);

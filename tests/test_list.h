@@ -384,6 +384,14 @@ TEST(abi_vllm_pynccl, 30)
 TEST(abi_device_api_refused, 30)
 TEST(abi_teams_properties, 30)
 TEST(abi_not_yet, 30)
+/* ncclCommInitRankScalable with several unique ids (test_init_scalable.c). */
+TEST(scalable_ids_3_of_7, 60)
+TEST(scalable_ids_one_per_rank, 60)
+TEST(scalable_ids_5_of_24, 120)
+TEST(scalable_ids_same_id, 60)
+TEST(scalable_ids_order_mismatch, 60)
+TEST(scalable_ids_bad_args, 30)
+
 /* ncclCommRevoke (test_revoke.c). */
 TEST(revoke_then_shrink, 60)
 TEST(revoke_nonblocking_inflight, 90)

@@ -141,7 +141,9 @@ ncclResult_t bootstrap_child_root(const struct bootstrap *parent, const char *ki
 ncclResult_t bootstrap_child_id(const struct bootstrap *parent, const char *kind, uint64_t seq, int color,
                                 const struct bootstrap_child *at, ncclUniqueId *id);
 
-ncclResult_t bootstrap_init(const ncclUniqueId *id, int rank, int nranks, const volatile int *abort_flag,
+/* Joins the job of `nids` unique ids (ncclCommInitRankScalable; one
+ * otherwise): every rank passes the same ids in the same order. */
+ncclResult_t bootstrap_init(const ncclUniqueId *ids, int nids, int rank, int nranks, const volatile int *abort_flag,
                             struct bootstrap **out);
 void bootstrap_close(struct bootstrap *b);
 

@@ -215,6 +215,9 @@ static inline int comm_live(const struct ncclComm *comm) {
  * the call's own check to name; leave ignores both. */
 ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
 void comm_leave(struct ncclComm *comm);
+/* Waits until no thread is inside a call, then holds the communicator
+ * (abort and revoke, once the abort flag is up). */
+void comm_hold(struct ncclComm *comm, const char *func);
 
 /* Whether ncclCommAbort (or a failure) has raised abort_flag; waits on
  * any thread read it through this, since another thread writes it. */
