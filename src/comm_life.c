@@ -1,10 +1,10 @@
 /*
- * NCCL 2.28-2.30's calls on a communicator's life: revoking it, growing
- * it, suspending and resuming its memory, and the statistics of that
- * memory. Revoking works; the others are not built yet: each says so,
- * names what it would do and what to use meanwhile, and changes nothing,
- * so that a program reaching them learns it at the call instead of from a
- * wrong result.
+ * NCCL 2.28-2.30's calls on a communicator's life: revoking it,
+ * suspending and resuming its memory, and the statistics of that memory
+ * (growing it is comm_grow.c's). Revoking works; the others are not built
+ * yet: each says so, names what it would do and what to use meanwhile,
+ * and changes nothing, so that a program reaching them learns it at the
+ * call instead of from a wrong result.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -64,23 +64,6 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   ncclResult_t r = api_finish(comm, ncclSuccess);
   comm_leave(comm);
   return r;
-}
-
-NCCL_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId *uniqueId) {
-  (void)uniqueId;
-  return api_finish(comm, not_yet(comm, "ncclCommGetUniqueId", "the id of a communicator's growth",
-                                  "create a new communicator with every rank (ncclGetUniqueId, ncclCommInitRank)"));
-}
-
-NCCL_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
-         ncclComm_t *newcomm, ncclConfig_t *config) {
-  (void)nRanks, (void)uniqueId, (void)rank, (void)newcomm, (void)config;
-  if (comm == NULL) /* a newcomer: no communicator to check */
-    return api_finish(NULL, err_set(ncclInvalidUsage,
-                                    "ncclCommGrow (adding ranks to a running communicator) is not implemented yet "
-                                    "in Loom; create a new communicator with every rank. Nothing was done"));
-  return api_finish(comm, not_yet(comm, "ncclCommGrow", "adding ranks to a running communicator",
-                                  "create a new communicator with every rank"));
 }
 
 NCCL_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {

@@ -206,6 +206,11 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   comm->rank = rank;
   comm->nranks = nranks;
   comm->blocking = config->blocking == 0 ? 0 : 1;
+  /* Kept for a grow with config NULL to inherit (comm_grow.c); the
+   * caller's strings may not outlive this call, so no pointers. */
+  comm->config = *config;
+  comm->config.commName = NULL;
+  comm->config.netName = NULL;
   comm->comm_hash = bootstrap_id_hash(id);
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
@@ -320,9 +325,9 @@ static void init_async(void *arg) {
 }
 
 /* Creates the communicator now, at the end of the current group, or (a
- * nonblocking one) on its worker. */
-static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
-                              const ncclConfig_t *config_in, const char *func, int device) {
+ * nonblocking one) on its worker (comm_api.h). */
+ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                            const ncclConfig_t *config_in, const char *func, int device) {
   if (out)
     *out = NULL;
   CHECK(check_init_args(out, nranks, rank, id, func));
@@ -389,11 +394,11 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig", -1));
+  return api_finish(NULL, comm_init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank", -1));
+  return api_finish(NULL, comm_init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
@@ -406,7 +411,8 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks
                                     "ncclCommInitRankScalable with %d unique ids is not implemented yet in Loom; "
                                     "pass nId = 1",
                                     nId));
-  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable", -1));
+  return api_finish(NULL,
+                    comm_init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable", -1));
 }
 
 /* Several ranks in one process: one thread per rank, as a group does. */
@@ -431,7 +437,7 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
                                       devlist[i], ndevices));
   ncclGroupStart();
   for (int i = 0; i < ndev && r == ncclSuccess; i++)
-    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll",
+    r = comm_init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll",
                   ndevices > 0 ? (devlist ? devlist[i] : i % ndevices) : -1);
   if (r != ncclSuccess)
     group_record_error(r);

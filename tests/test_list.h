@@ -389,6 +389,13 @@ TEST(revoke_then_shrink, 60)
 TEST(revoke_nonblocking_inflight, 90)
 TEST(revoke_bad_args, 30)
 TEST(gpu_revoke_kernel, 90)
+/* ncclCommGetUniqueId and ncclCommGrow (test_grow.c). */
+TEST(grow_2_to_3, 60)
+TEST(grow_2_to_4, 60)
+TEST(grow_inherits_nonblocking, 60)
+TEST(grow_disagree, 60)
+TEST(grow_bad_args, 30)
+TEST(gpu_grow_2_to_3, 90)
 /* The NCCL 2.30 parameter API (test_param_api.c). */
 TEST(param_api_bind, 30)
 TEST(param_api_typed, 30)
