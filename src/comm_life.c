@@ -1,10 +1,6 @@
 /*
- * NCCL 2.28-2.30's calls on a communicator's life: revoking it and
- * growing it (suspending and resuming its memory are comm_suspend.c's).
- * Revoking works; growing is not built yet: it says so, names what it
- * would do and what to use meanwhile, and changes nothing, so that a
- * program reaching it learns it at the call instead of from a wrong
- * result.
+ * NCCL 2.28-2.30's revoking of a communicator (growing it is
+ * comm_grow.c's; suspending and resuming its memory, comm_suspend.c's).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -14,12 +10,6 @@
 #include "exec/cuda/cuda_exec.h"
 
 #include <stdatomic.h>
-
-static ncclResult_t not_yet(const struct ncclComm *comm, const char *func, const char *what, const char *instead) {
-  CHECK(comm_check(comm, func));
-  return err_set(ncclInvalidUsage, "%s (%s) is not implemented yet in Loom; %s. Nothing was done", func, what,
-                 instead);
-}
 
 /* Revoking stops what is in flight (a nonblocking communicator's job,
  * another thread's call, a CUDA communicator's kernels and proxy) the way
@@ -58,21 +48,4 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   ncclResult_t r = api_finish(comm, ncclSuccess);
   comm_leave(comm);
   return r;
-}
-
-NCCL_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId *uniqueId) {
-  (void)uniqueId;
-  return api_finish(comm, not_yet(comm, "ncclCommGetUniqueId", "the id of a communicator's growth",
-                                  "create a new communicator with every rank (ncclGetUniqueId, ncclCommInitRank)"));
-}
-
-NCCL_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
-         ncclComm_t *newcomm, ncclConfig_t *config) {
-  (void)nRanks, (void)uniqueId, (void)rank, (void)newcomm, (void)config;
-  if (comm == NULL) /* a newcomer: no communicator to check */
-    return api_finish(NULL, err_set(ncclInvalidUsage,
-                                    "ncclCommGrow (adding ranks to a running communicator) is not implemented yet "
-                                    "in Loom; create a new communicator with every rank. Nothing was done"));
-  return api_finish(comm, not_yet(comm, "ncclCommGrow", "adding ranks to a running communicator",
-                                  "create a new communicator with every rank"));
 }

@@ -208,6 +208,11 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   comm->rank = rank;
   comm->nranks = nranks;
   comm->blocking = config->blocking == 0 ? 0 : 1;
+  /* Kept for a grow with config NULL to inherit (comm_grow.c); the
+   * caller's strings may not outlive this call, so no pointers. */
+  comm->config = *config;
+  comm->config.commName = NULL;
+  comm->config.netName = NULL;
   comm->comm_hash = bootstrap_id_hash(id);
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
@@ -409,6 +414,12 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   }
   *out = comm;
   return ncclSuccess;
+}
+
+/* One id: ncclCommGrow's path into the same creation (comm_api.h). */
+ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                            const ncclConfig_t *config_in, const char *func, int device) {
+  return init_rank(out, nranks, id, 1, rank, config_in, func, device);
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,

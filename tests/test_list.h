@@ -406,6 +406,14 @@ TEST(suspend_bad_args, 30)
 TEST(gpu_suspend_2, 90)
 TEST(gpu_suspend_shm_2, 90)
 TEST(gpu_suspend_socket_2, 90)
+
+/* ncclCommGetUniqueId and ncclCommGrow (test_grow.c). */
+TEST(grow_2_to_3, 60)
+TEST(grow_2_to_4, 60)
+TEST(grow_inherits_nonblocking, 60)
+TEST(grow_disagree, 60)
+TEST(grow_bad_args, 30)
+TEST(gpu_grow_2_to_3, 90)
 /* The NCCL 2.30 parameter API (test_param_api.c). */
 TEST(param_api_bind, 30)
 TEST(param_api_typed, 30)

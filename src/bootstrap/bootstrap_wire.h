@@ -57,7 +57,9 @@ struct boot_id {
   char magic[8];
   uint8_t secret[BOOT_KEY];
   uint32_t fixed; /* root address from NCCL_COMM_ID */
-  uint32_t pad;
+  /* An id of ncclCommGetUniqueId: the size of the communicator it grows,
+   * which a new rank checks its own against; 0 in any other id. */
+  uint32_t grow_from;
   union sock_addr root;
   /* Random, not secret (zero with NCCL_COMM_ID): with the root's address
    * it tells communicators apart in status reports (bootstrap_id_hash),

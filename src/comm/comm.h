@@ -81,6 +81,9 @@ struct ncclComm {
   uint64_t comm_hash;
   char name[64];
   int blocking;
+  /* The config it was made with, read and checked, strings cleared: what
+   * a grow with config NULL inherits (comm_grow.c). */
+  ncclConfig_t config;
 
   struct bootstrap *boot;
   struct peer_info *peers;
@@ -161,6 +164,11 @@ struct ncclComm {
   int finalized;
   uint64_t coll_seq; /* collectives started, for diagnostics */
   uint64_t shrink_seq; /* ncclCommShrink calls, which number their bootstrap messages */
+  /* ncclCommGetUniqueId on this rank: the ids made (numbering their
+   * secrets), and the one no grow has consumed yet, by its hash. */
+  uint64_t grow_seq;
+  int grow_pending;
+  uint64_t grow_pending_seq, grow_pending_hash;
   /* LOOM_CHECK_CALLS, agreed by all ranks at init (host communicators
    * only): its all-gathers' own numbers, its buffers (this rank's
    * description, then every rank's), and whether the last launch was
