@@ -246,9 +246,11 @@ LOOM_DECLARE(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win,
  * the survivors of a failure can shrink or destroy it; revokeFlags must be
  * NCCL_REVOKE_DEFAULT. */
 LOOM_DECLARE(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags);
-/* Growing a communicator: its rank 0 makes an id (one at a time, each
- * used once), which the newcomers join with comm NULL and their rank;
- * existing ranks pass rank -1 (and the id only on the one that made it). */
+/* Growing a communicator: one of its ranks makes an id (one at a time,
+ * each used once), which the newcomers join with comm NULL and their rank
+ * (the old size and above); existing ranks pass rank -1 and keep their
+ * ranks (and pass the id only on the one that made it). The old
+ * communicator stays; config NULL inherits its config. */
 LOOM_DECLARE(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId *uniqueId);
 LOOM_DECLARE(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
              ncclComm_t *newcomm, ncclConfig_t *config);

@@ -23,7 +23,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
@@ -42,8 +41,6 @@ ncclResult_t api_finish(struct ncclComm *comm, ncclResult_t res) {
   return res;
 }
 
-static void free_conn_cb(struct conn *c, void *unused) { transport_free_conn(c); }
-
 void comm_destroy_all(struct ncclComm *comm) {
   if (comm == NULL)
     return;
@@ -53,7 +50,7 @@ void comm_destroy_all(struct ncclComm *comm) {
    * the communicator's device. */
   int saved_dev = comm->is_host ? -1 : cuda_current_device();
   cuda_comm_fini(comm, comm->abort_flag);
-  transport_each_conn(comm, free_conn_cb, NULL);
+  transport_free_all(comm);
   cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
   rma_destroy(comm);
@@ -76,6 +73,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   comm_free_works(comm);
   free(comm->lanes);
   free(comm->check_buf);
+  comm_suspend_free(comm);
   comm->magic = 0;
   comm_slot_free(comm);
 }
@@ -109,9 +107,10 @@ NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   /* Entered and never left: a thread that comes later is refused until
    * the slot is gone, after which the communicator is no more. */
   ncclResult_t r = comm_enter(comm, "ncclCommDestroy");
-  if (r == ncclSuccess && comm->in_group) {
+  if (r == ncclSuccess && (comm->in_group || comm->suspend_queued)) {
     comm_leave(comm);
-    r = err_set(ncclInvalidUsage, "ncclCommDestroy: the communicator has operations queued in an open group");
+    r = err_set(ncclInvalidUsage, "ncclCommDestroy: the communicator has %s queued in an open group",
+                comm->in_group ? "operations" : comm->suspend_queued == 1 ? "ncclCommSuspend" : "ncclCommResume");
   }
   if (r != ncclSuccess)
     return api_finish(NULL, r);
@@ -126,22 +125,7 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (!comm_live(comm))
     return api_finish(NULL, comm_not_a_comm("ncclCommAbort"));
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
-  /* A thread inside a call notices the flag at its next check (every
-   * 100 ms of a wait) and returns ncclInvalidUsage; only then may the
-   * connections and memory it uses go. The abort then holds the
-   * communicator itself, so that no other thread can enter it. */
-  uint64_t t0 = time_ns();
-  int warned = 0, idle = 0;
-  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
-    idle = 0;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-    if (!warned && time_ns() - t0 > 5000000000ull) {
-      WARN("rank %d: ncclCommAbort has waited 5 s for the thread inside a call on this communicator to return",
-           comm->rank);
-      warned = 1;
-    }
-  }
+  comm_hold(comm, "ncclCommAbort");
   /* What another thread destroyed meanwhile (its slot reads as zeros) is
    * not there to abort. */
   if (!comm_live(comm))

@@ -18,9 +18,17 @@ ncclResult_t comm_alloc(struct ncclComm **out);
 ncclResult_t comm_read_config(const ncclConfig_t *in, ncclConfig_t *out, const char *func);
 ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
                        const ncclConfig_t *config);
+/* What ncclCommInitRankConfig does after its name: checks the arguments
+ * and the config, then creates the communicator now, at the group's end,
+ * or on its worker (nonblocking, ncclInProgress); `device` >= 0 makes it
+ * on that CUDA device rather than the caller's current one. */
+ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                            const ncclConfig_t *config_in, const char *func, int device);
 
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);
+/* Frees what ncclCommSuspend kept for ncclCommResume (comm_suspend.c). */
+void comm_suspend_free(struct ncclComm *comm);
 /* Releases the works a communicator keeps for reuse (enqueue.c). */
 void comm_free_works(struct ncclComm *comm);
 

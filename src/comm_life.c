@@ -1,10 +1,6 @@
 /*
- * NCCL 2.28-2.30's calls on a communicator's life: revoking it, growing
- * it, suspending and resuming its memory, and the statistics of that
- * memory. Revoking works; the others are not built yet: each says so,
- * names what it would do and what to use meanwhile, and changes nothing,
- * so that a program reaching them learns it at the call instead of from a
- * wrong result.
+ * NCCL 2.28-2.30's revoking of a communicator (growing it is
+ * comm_grow.c's; suspending and resuming its memory, comm_suspend.c's).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -14,13 +10,6 @@
 #include "exec/cuda/cuda_exec.h"
 
 #include <stdatomic.h>
-#include <time.h>
-
-static ncclResult_t not_yet(const struct ncclComm *comm, const char *func, const char *what, const char *instead) {
-  CHECK(comm_check(comm, func));
-  return err_set(ncclInvalidUsage, "%s (%s) is not implemented yet in Loom; %s. Nothing was done", func, what,
-                 instead);
-}
 
 /* Revoking stops what is in flight (a nonblocking communicator's job,
  * another thread's call, a CUDA communicator's kernels and proxy) the way
@@ -44,18 +33,13 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
     return api_finish(comm, err_set(ncclInvalidUsage,
                                     "ncclCommRevoke: the communicator was finalized; only ncclCommDestroy may "
                                     "follow"));
+  if (atomic_load(&comm->suspended) || comm->suspend_queued)
+    return api_finish(comm, err_set(ncclInvalidUsage,
+                                    "ncclCommRevoke: the communicator is suspended; call ncclCommResume"));
   if (atomic_exchange(&comm->revoked, 1))
     return api_finish(comm, ncclSuccess); /* revoked already */
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
-  /* A thread inside a call sees the flag at its next check (every 100 ms
-   * of a wait) and leaves; then this holds the communicator. */
-  int idle = 0;
-  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
-    idle = 0;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  atomic_store(&comm->in_call_func, "ncclCommRevoke");
+  comm_hold(comm, "ncclCommRevoke");
   async_wait(comm);
   if (!comm->is_host)
     cuda_comm_stop(comm);
@@ -64,38 +48,4 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   ncclResult_t r = api_finish(comm, ncclSuccess);
   comm_leave(comm);
   return r;
-}
-
-NCCL_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId *uniqueId) {
-  (void)uniqueId;
-  return api_finish(comm, not_yet(comm, "ncclCommGetUniqueId", "the id of a communicator's growth",
-                                  "create a new communicator with every rank (ncclGetUniqueId, ncclCommInitRank)"));
-}
-
-NCCL_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
-         ncclComm_t *newcomm, ncclConfig_t *config) {
-  (void)nRanks, (void)uniqueId, (void)rank, (void)newcomm, (void)config;
-  if (comm == NULL) /* a newcomer: no communicator to check */
-    return api_finish(NULL, err_set(ncclInvalidUsage,
-                                    "ncclCommGrow (adding ranks to a running communicator) is not implemented yet "
-                                    "in Loom; create a new communicator with every rank. Nothing was done"));
-  return api_finish(comm, not_yet(comm, "ncclCommGrow", "adding ranks to a running communicator",
-                                  "create a new communicator with every rank"));
-}
-
-NCCL_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {
-  (void)flags;
-  return api_finish(comm, not_yet(comm, "ncclCommSuspend", "releasing the communicator's memory until resumed",
-                                  "destroy the communicator and create it again"));
-}
-
-NCCL_API(ncclResult_t, ncclCommResume, ncclComm_t comm) {
-  return api_finish(comm, not_yet(comm, "ncclCommResume", "rebuilding a suspended communicator's memory",
-                                  "no communicator can be suspended"));
-}
-
-NCCL_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value) {
-  (void)stat, (void)value;
-  return api_finish(comm, not_yet(comm, "ncclCommMemStats", "the GPU memory a communicator holds",
-                                  "read the device's use with cudaMemGetInfo"));
 }

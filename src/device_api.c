@@ -70,7 +70,7 @@ static void lsa_block(const struct ncclComm *comm, int rank, int *first, int *n)
 /* A team function cannot return an error: a communicator that is not one
  * gives the empty team, with the sentence in ncclGetLastError(NULL). */
 static int team_comm(const struct ncclComm *comm, const char *func) {
-  ncclResult_t r = comm_check(comm, func);
+  ncclResult_t r = comm_check_even_suspended(comm, func);
   if (r != ncclSuccess)
     api_finish(NULL, r);
   return r == ncclSuccess;
@@ -146,7 +146,7 @@ NCCL_API(int, ncclTeamRankToLsa, ncclComm_t comm, struct dev_team team, int rank
 /* ---- what a communicator offers ---- */
 
 NCCL_API(ncclResult_t, ncclCommQueryProperties, ncclComm_t comm, ncclCommProperties_t *props) {
-  ncclResult_t r = comm_check(comm, "ncclCommQueryProperties");
+  ncclResult_t r = comm_check_even_suspended(comm, "ncclCommQueryProperties");
   if (r != ncclSuccess)
     return api_finish(comm, r);
   if (props == NULL)

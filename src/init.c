@@ -189,9 +189,11 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   return tuner_init(comm->tuner, &in);
 }
 
-/* The whole of a rank's init once its communicator struct exists. */
-ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
-                       const ncclConfig_t *config) {
+/* The whole of a rank's init once its communicator struct exists, from
+ * `nids` unique ids (bootstrap_init). */
+static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclUniqueId *ids, int nids, int rank,
+                                  const ncclConfig_t *config) {
+  const ncclUniqueId *id = &ids[0];
   log_set_rank(rank);
   pthread_once(&banner_once, banner);
   topo_log_host();
@@ -207,6 +209,11 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   comm->rank = rank;
   comm->nranks = nranks;
   comm->blocking = config->blocking == 0 ? 0 : 1;
+  /* Kept for a grow with config NULL to inherit (comm_grow.c); the
+   * caller's strings may not outlive this call, so no pointers. */
+  comm->config = *config;
+  comm->config.commName = NULL;
+  comm->config.netName = NULL;
   comm->comm_hash = bootstrap_id_hash(id);
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
@@ -220,7 +227,7 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
 
   if (bootstrap_id_is_fixed(id) && rank == 0)
     CHECK(bootstrap_start_root(id));
-  CHECK(bootstrap_init(id, rank, nranks, &comm->abort_flag, &comm->boot));
+  CHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->boot));
   comm->boot->alive = alive_cb;
   comm->boot->alive_ctx = comm;
 
@@ -282,7 +289,12 @@ ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id
   return ncclSuccess;
 }
 
-static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const ncclUniqueId *id,
+ncclResult_t comm_init(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank,
+                       const ncclConfig_t *config) {
+  return comm_init_ids(comm, nranks, id, 1, rank, config);
+}
+
+static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const ncclUniqueId *ids, int nids,
                                     const char *func) {
   if (out == NULL)
     return err_set(ncclInvalidArgument, "%s: the comm pointer is NULL", func);
@@ -290,9 +302,21 @@ static ncclResult_t check_init_args(ncclComm_t *out, int nranks, int rank, const
     return err_set(ncclInvalidArgument, "%s: nranks is %d; it must be at least 1", func, nranks);
   if (rank < 0 || rank >= nranks)
     return err_set(ncclInvalidArgument, "%s: rank %d is out of range for nranks %d", func, rank, nranks);
-  if (!bootstrap_id_valid(id))
-    return err_set(ncclInvalidArgument,
-                   "%s: the unique id was not made by ncclGetUniqueId (or was corrupted on the way)", func);
+  for (int i = 0; i < nids; i++) {
+    if (!bootstrap_id_valid(&ids[i]))
+      return nids == 1 ? err_set(ncclInvalidArgument,
+                                 "%s: the unique id was not made by ncclGetUniqueId (or was corrupted on the way)",
+                                 func)
+                       : err_set(ncclInvalidArgument,
+                                 "%s: unique id %d of %d was not made by ncclGetUniqueId (or was corrupted on the "
+                                 "way)",
+                                 func, i, nids);
+    if (i > 0 && bootstrap_id_is_fixed(&ids[i]))
+      return err_set(ncclInvalidUsage,
+                     "%s: unique id %d of %d has the root NCCL_COMM_ID fixes, which serves one id; make the ids "
+                     "with ncclGetUniqueId without NCCL_COMM_ID",
+                     func, i, nids);
+  }
   return ncclSuccess;
 }
 
@@ -300,18 +324,34 @@ struct init_job {
   struct group_job base;
   int nranks, rank;
   int device; /* the CUDA device to create it on, -1: the caller's current one */
-  ncclUniqueId id;
   ncclConfig_t config;
+  int nids;
+  ncclUniqueId ids[];
 };
+
 
 static ncclResult_t init_job_run(struct group_job *job) {
   struct init_job *j = (struct init_job *)job;
   ncclResult_t r = j->device >= 0 ? cuda_set_device(j->device) : ncclSuccess;
   if (r == ncclSuccess)
-    r = comm_init(j->base.comm, j->nranks, &j->id, j->rank, &j->config);
+    r = comm_init_ids(j->base.comm, j->nranks, j->ids, j->nids, j->rank, &j->config);
   if (r != ncclSuccess)
     comm_set_error(j->base.comm, r);
   return r;
+}
+
+static struct init_job *init_job_new(int nranks, int rank, const ncclUniqueId *ids, int nids,
+                                     const ncclConfig_t *config) {
+  struct init_job *j = calloc(1, sizeof *j + sizeof *ids * (size_t)nids);
+  if (!j)
+    return NULL;
+  j->base.fn = init_job_run;
+  j->nranks = nranks;
+  j->rank = rank;
+  j->config = *config;
+  j->nids = nids;
+  memcpy(j->ids, ids, sizeof *ids * (size_t)nids);
+  return j;
 }
 
 /* A nonblocking creation, on the communicator's worker: the caller holds
@@ -325,47 +365,36 @@ static void init_async(void *arg) {
 
 /* Creates the communicator now, at the end of the current group, or (a
  * nonblocking one) on its worker. */
-static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *ids, int nids, int rank,
                               const ncclConfig_t *config_in, const char *func, int device) {
   if (out)
     *out = NULL;
-  CHECK(check_init_args(out, nranks, rank, id, func));
+  CHECK(check_init_args(out, nranks, rank, ids, nids, func));
   ncclConfig_t config;
   CHECK(comm_read_config(config_in, &config, func));
   struct ncclComm *comm;
   CHECK(comm_alloc(&comm));
   if (group_depth() > 0) {
-    struct init_job *j = calloc(1, sizeof *j);
-    /* A group's creations run on threads of their own: they take the
-     * caller's current device with them. */
-    if (j)
-      j->device = device >= 0 ? device : cuda_pick_device();
+    struct init_job *j = init_job_new(nranks, rank, ids, nids, &config);
     if (!j) {
       comm_slot_free(comm);
       return err_set(ncclSystemError, "out of memory queueing a communicator creation");
     }
-    j->base.fn = init_job_run;
+    /* A group's creations run on threads of their own: they take the
+     * caller's current device with them. */
+    j->device = device >= 0 ? device : cuda_pick_device();
     j->base.comm = comm;
-    j->nranks = nranks;
-    j->rank = rank;
-    j->id = *id;
-    j->config = config;
     *out = comm;
     return group_add_job(&j->base);
   }
   if (config.blocking == 0) {
-    struct init_job *j = calloc(1, sizeof *j);
+    struct init_job *j = init_job_new(nranks, rank, ids, nids, &config);
     if (!j) {
       comm_slot_free(comm);
       return err_set(ncclSystemError, "out of memory starting a nonblocking communicator creation");
     }
-    j->base.fn = init_job_run;
     j->base.comm = comm;
     j->device = device >= 0 ? device : cuda_pick_device();
-    j->nranks = nranks;
-    j->rank = rank;
-    j->id = *id;
-    j->config = config;
     comm->blocking = 0;
     /* Entered here and left by the worker: an abort waits for the job. */
     comm_enter(comm, func);
@@ -379,7 +408,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
     *out = comm;
     return ncclInProgress;
   }
-  ncclResult_t r = comm_init(comm, nranks, id, rank, &config);
+  ncclResult_t r = comm_init_ids(comm, nranks, ids, nids, rank, &config);
   if (r != ncclSuccess) {
     char msg[LOOM_ERR_LEN];
     snprintf(msg, sizeof msg, "%s", err_thread_last());
@@ -391,13 +420,19 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   return ncclSuccess;
 }
 
+/* One id: ncclCommGrow's path into the same creation (comm_api.h). */
+ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                            const ncclConfig_t *config_in, const char *func, int device) {
+  return init_rank(out, nranks, id, 1, rank, config_in, func, device);
+}
+
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig", -1));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, 1, rank, config, "ncclCommInitRankConfig", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return api_finish(NULL, init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank", -1));
+  return api_finish(NULL, init_rank(comm, nranks, &commId, 1, rank, NULL, "ncclCommInitRank", -1));
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
@@ -405,12 +440,29 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks
   if (commIds == NULL || nId < 1)
     return api_finish(NULL, err_set(ncclInvalidArgument,
                                     "ncclCommInitRankScalable: commIds is NULL or nId (%d) is less than 1", nId));
-  if (nId > 1)
-    return api_finish(NULL, err_set(ncclInvalidUsage,
-                                    "ncclCommInitRankScalable with %d unique ids is not implemented yet in Loom; "
-                                    "pass nId = 1",
-                                    nId));
-  return api_finish(NULL, init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable", -1));
+  if (nranks >= 1 && nId > nranks)
+    return api_finish(NULL, err_set(ncclInvalidArgument,
+                                    "ncclCommInitRankScalable: nId is %d but nranks is %d; there can be at most one "
+                                    "unique id per rank",
+                                    nId, nranks));
+  /* One id passed nId times (NCCL_COMM_ID gives every caller of
+   * ncclGetUniqueId the same) is one root; other repeats are a mistake. */
+  int same = 1;
+  for (int i = 1; i < nId && same; i++)
+    same = memcmp(&commIds[i], &commIds[0], sizeof commIds[0]) == 0;
+  if (same)
+    nId = 1;
+  /* Quadratic, so only where it is cheap; past that the roots still find
+   * ranks that disagree on the ids (bootstrap_root.c). */
+  for (int i = 1; i < nId && nId <= 1024; i++)
+    for (int k = 0; k < i; k++)
+      if (memcmp(&commIds[i], &commIds[k], sizeof commIds[0]) == 0)
+        return api_finish(NULL, err_set(ncclInvalidArgument,
+                                        "ncclCommInitRankScalable: unique ids %d and %d are the same; each root "
+                                        "needs its own id from ncclGetUniqueId",
+                                        k, i));
+  return api_finish(NULL,
+                    init_rank(newcomm, nranks, commIds, nId, myrank, config, "ncclCommInitRankScalable", -1));
 }
 
 /* Several ranks in one process: one thread per rank, as a group does. */
@@ -435,7 +487,7 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
                                       devlist[i], ndevices));
   ncclGroupStart();
   for (int i = 0; i < ndev && r == ncclSuccess; i++)
-    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll",
+    r = init_rank(&comms[i], ndev, &id, 1, i, NULL, "ncclCommInitAll",
                   ndevices > 0 ? (devlist ? devlist[i] : i % ndevices) : -1);
   if (r != ncclSuccess)
     group_record_error(r);

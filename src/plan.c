@@ -271,21 +271,23 @@ ncclResult_t plan_refuse_size(const struct ncclComm *comm, const struct task *t,
 
 /* The tuner's algorithm and channel count for a collective, by the size
  * of its largest buffer. */
-ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
+/* The bytes the tuner weighs. plan_check_size refused what overflows;
+ * the tuner only compares sizes, so saturating is enough should a caller
+ * have skipped it. */
+static size_t task_bytes(const struct ncclComm *comm, const struct task *t) {
   size_t bytes;
   size_t mult = plan_gathered(t) ? (size_t)comm->nranks : 1;
-  /* plan_check_size refused what overflows; the tuner only compares sizes,
-   * so saturating is enough should a caller have skipped it. */
   if (__builtin_mul_overflow(t->count, dtype_size(t->dtype), &bytes) || __builtin_mul_overflow(bytes, mult, &bytes))
     bytes = SIZE_MAX;
-  return tuner_pick(comm->tuner, t->coll, bytes, algo, nch, NULL);
+  return bytes;
+}
+
+ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
+  return tuner_pick(comm->tuner, t->coll, task_bytes(comm, t), algo, nch, NULL);
 }
 
 ncclResult_t plan_estimate(struct ncclComm *comm, const struct task *t, double *seconds) {
-  size_t bytes;
-  size_t mult = plan_gathered(t) ? (size_t)comm->nranks : 1;
-  if (__builtin_mul_overflow(t->count, dtype_size(t->dtype), &bytes) || __builtin_mul_overflow(bytes, mult, &bytes))
-    bytes = SIZE_MAX;
+  size_t bytes = task_bytes(comm, t);
   if (t->coll != COLL_SEND && t->coll != COLL_RECV) {
     int algo, nch;
     *seconds = 0;

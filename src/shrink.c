@@ -219,6 +219,9 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
   if (!comm_live(comm))
     return api_finish(NULL, err_set(ncclInvalidArgument, "ncclCommShrink: comm is %s",
                                     comm ? "not a communicator (never created, or already destroyed)" : "NULL"));
+  if (atomic_load(&comm->suspended) || comm->suspend_queued)
+    return api_finish(comm, err_set(ncclInvalidUsage,
+                                    "ncclCommShrink: the communicator is suspended; call ncclCommResume"));
   unsigned char *excluded;
   ncclResult_t r = UTIL_CALLOC(&excluded, (size_t)comm->nranks, "ncclCommShrink");
   if (r == ncclSuccess) {

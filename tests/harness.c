@@ -311,6 +311,21 @@ int harness_count_entries(const char *dir, const char *prefix) {
   return n - (strcmp(dir, "/proc/self/fd") == 0); /* opendir's own */
 }
 
+int harness_shm_segments(void) {
+  char mine[32]; /* this process's own segments: other tests may run */
+  snprintf(mine, sizeof mine, "loom-%d-", (int)getpid());
+  int n = harness_count_entries("/dev/shm", mine);
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[512];
+  while (f && fgets(line, sizeof line, f))
+    /* Segments are memfds now (an unnamed /dev/shm inode where memfds are
+     * refused); named ones are what older builds made. */
+    n += strstr(line, "memfd:loom-shm") || strstr(line, "/dev/shm/loom-") || strstr(line, "/dev/shm/#");
+  if (f)
+    fclose(f);
+  return n;
+}
+
 void harness_net_log(const char *tag, char *pattern, size_t len) {
   setenv("NCCL_DEBUG", "INFO", 1);
   setenv("NCCL_DEBUG_SUBSYS", "NET", 1);

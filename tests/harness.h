@@ -48,6 +48,10 @@ int harness_read_all(int fd, void *buf, size_t len);
  * page's memfd, which lives as long as the process, and opendir's own fd
  * are not counted. */
 int harness_count_entries(const char *dir, const char *prefix);
+/* This process's shared-memory segments: named ones in /dev/shm, and
+ * mappings of any (a segment is unlinked once both sides have it mapped,
+ * so a leak shows as a mapping). */
+int harness_shm_segments(void);
 
 /* How many CUDA devices a process sees (0 without CUDA or a driver),
  * asked in a child process: a test process that initialised CUDA itself

@@ -149,26 +149,3 @@ TEST_IMPL(abi_teams_properties) {
   return 0;
 }
 
-#define NOT_YET(call) says((call), ncclInvalidUsage, "not implemented yet in Loom", #call)
-
-/* The calls Loom has not built say so, and the communicator still works. */
-TEST_IMPL(abi_not_yet) {
-  setenv("LOOM_DEVICE", "host", 1);
-  ncclComm_t comm;
-  int dev = 0;
-  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
-  ncclUniqueId id;
-  ncclComm_t grown = NULL;
-  uint64_t v = 7;
-  if (NOT_YET(ncclCommGetUniqueId(comm, &id)) ||
-      NOT_YET(ncclCommGrow(comm, 2, NULL, -1, &grown, NULL)) ||
-      NOT_YET(ncclCommGrow(NULL, 2, &id, 1, &grown, NULL)) || NOT_YET(ncclCommSuspend(comm, NCCL_SUSPEND_MEM)) ||
-      NOT_YET(ncclCommResume(comm)) || NOT_YET(ncclCommMemStats(comm, ncclStatGpuMemTotal, &v)))
-    return 1;
-  ASSERT(grown == NULL && v == 7);
-  int32_t one = 1;
-  ASSERT_OK(ncclAllReduce(&one, &one, 1, ncclInt32, ncclSum, comm, NULL));
-  ASSERT(one == 1);
-  ASSERT_OK(ncclCommDestroy(comm));
-  return 0;
-}

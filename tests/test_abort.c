@@ -35,23 +35,6 @@ static void *stuck_main(void *arg) {
   return NULL;
 }
 
-/* Segments in /dev/shm and mappings of them: a segment is unlinked once
- * both sides have it mapped, so a leak shows as a mapping. */
-static int shm_segments(void) {
-  char mine[32]; /* this process's own segments: other tests may run */
-  snprintf(mine, sizeof mine, "loom-%d-", (int)getpid());
-  int n = harness_count_entries("/dev/shm", mine);
-  FILE *f = fopen("/proc/self/maps", "r");
-  char line[512];
-  while (f && fgets(line, sizeof line, f))
-    /* Segments are memfds now (an unnamed /dev/shm inode where memfds are
-     * refused); named ones are what older builds made. */
-    n += strstr(line, "memfd:loom-shm") || strstr(line, "/dev/shm/loom-") || strstr(line, "/dev/shm/#");
-  if (f)
-    fclose(f);
-  return n;
-}
-
 /* Waits until this process's status page shows the stuck thread waiting. */
 static int until_waiting(void) {
   char pid[16];
@@ -72,7 +55,7 @@ static int abort_rank(int rank, int n, ncclUniqueId id, void *arg) {
   int *release = arg;
   close(release[1]);
   int fds0 = harness_count_entries("/proc/self/fd", NULL), threads0 = harness_count_entries("/proc/self/task", NULL);
-  int shm0 = shm_segments();
+  int shm0 = harness_shm_segments();
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   float *buf = calloc(COUNT, sizeof *buf);
@@ -105,7 +88,7 @@ static int abort_rank(int rank, int n, ncclUniqueId id, void *arg) {
   RASSERT(s.result == ncclInvalidUsage && strstr(s.msg, "aborted"), "the stuck call returned %d: %s",
           (int)s.result, s.msg);
   int fds1 = harness_count_entries("/proc/self/fd", NULL), threads1 = harness_count_entries("/proc/self/task", NULL);
-  int shm1 = shm_segments();
+  int shm1 = harness_shm_segments();
   printf("fds %d -> %d, threads %d -> %d, /dev/shm/loom-* %d -> %d\n", fds0, fds1, threads0, threads1, shm0, shm1);
   RASSERT(fds1 == fds0, "%d file descriptors before the communicator, %d after its abort", fds0, fds1);
   RASSERT(threads1 == threads0, "%d threads before, %d after", threads0, threads1);

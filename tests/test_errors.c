@@ -564,8 +564,8 @@ TEST_IMPL(errors_init_scalable) {
   ASSERT_OK(ncclGetUniqueId(&ids[0]));
   ASSERT_OK(ncclGetUniqueId(&ids[1]));
   ncclComm_t comm = NULL;
-  EXPECT(NULL, ncclCommInitRankScalable(&comm, 1, 0, 2, ids, NULL), ncclInvalidUsage, "ncclCommInitRankScalable",
-         "not implemented", "2 unique ids");
+  EXPECT(NULL, ncclCommInitRankScalable(&comm, 1, 0, 2, ids, NULL), ncclInvalidArgument, "ncclCommInitRankScalable",
+         "nId is 2 but nranks is 1");
   EXPECT(NULL, ncclCommInitRankScalable(&comm, 1, 0, 0, ids, NULL), ncclInvalidArgument, "ncclCommInitRankScalable",
          "nId (0)");
   /* The one-id form is ncclCommInitRankConfig. */

@@ -121,7 +121,7 @@ enum { NR = 8, BIG = 1 << 20 };
 /* A rank process: every operation, then its counts on the pipe. */
 static int ops_rank(int rank, const ncclUniqueId *id, int out) {
   struct bootstrap *b;
-  if (bootstrap_init(id, rank, NR, NULL, &b) != ncclSuccess) {
+  if (bootstrap_init(id, 1, rank, NR, NULL, &b) != ncclSuccess) {
     fprintf(stderr, "rank %d: bootstrap_init: %s\n", rank, err_thread_last());
     return 1;
   }
@@ -218,7 +218,7 @@ struct init_arg {
 
 static void *init_thread(void *p) {
   struct init_arg *a = p;
-  a->r = bootstrap_init(&a->id, a->rank, 2, NULL, &a->b);
+  a->r = bootstrap_init(&a->id, 1, a->rank, 2, NULL, &a->b);
   return NULL;
 }
 

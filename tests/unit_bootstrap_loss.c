@@ -50,7 +50,7 @@ static void *lrank_init(void *p) {
   struct lrank *a = p;
   if (a->start)
     pthread_barrier_wait(a->start);
-  a->r = bootstrap_init(&a->id, a->rank, a->nranks, NULL, &a->b);
+  a->r = bootstrap_init(&a->id, 1, a->rank, a->nranks, NULL, &a->b);
   if (a->r == ncclSuccess && a->barrier)
     a->r = boot_test_barrier(a->b);
   if (a->r != ncclSuccess)

@@ -316,8 +316,10 @@ static ncclResult_t conn_open(struct bootstrap *b, int peer, struct boot_out *li
   struct boot_conn *c;
   ncclResult_t r = boot_peer_check(&b->peers[peer]) == BOOT_OK
                        ? ncclSuccess
-                       : err_set(ncclInternalError, "rank %d does not know rank %d's bootstrap address yet", b->rank,
-                                 peer);
+                       : err_set(ncclRemoteError,
+                                 "rank %d cannot reach rank %d: its bootstrap address never came round the ring of "
+                                 "ranks (a rank before it failed to join)",
+                                 b->rank, peer);
   if (r == ncclSuccess)
     r = conn_new(b, &c);
   if (r == ncclSuccess)

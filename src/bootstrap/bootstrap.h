@@ -141,7 +141,17 @@ ncclResult_t bootstrap_child_root(const struct bootstrap *parent, const char *ki
 ncclResult_t bootstrap_child_id(const struct bootstrap *parent, const char *kind, uint64_t seq, int color,
                                 const struct bootstrap_child *at, ncclUniqueId *id);
 
-ncclResult_t bootstrap_init(const ncclUniqueId *id, int rank, int nranks, const volatile int *abort_flag,
+/* A grow (ncclCommGetUniqueId, ncclCommGrow) is such a child too, but its
+ * id also goes to new ranks, which have no parent: `grow_from` stamps the
+ * parent's size into it, which they check their rank against, and
+ * bootstrap_id_child_at takes back what the existing ranks are told. */
+void bootstrap_id_set_grow_from(ncclUniqueId *id, int grow_from);
+int bootstrap_id_grow_from(const ncclUniqueId *id); /* 0: not a grow's id */
+void bootstrap_id_child_at(const ncclUniqueId *id, struct bootstrap_child *at);
+
+/* Joins the job of `nids` unique ids (ncclCommInitRankScalable; one
+ * otherwise): every rank passes the same ids in the same order. */
+ncclResult_t bootstrap_init(const ncclUniqueId *ids, int nids, int rank, int nranks, const volatile int *abort_flag,
                             struct bootstrap **out);
 void bootstrap_close(struct bootstrap *b);
 

@@ -5,8 +5,9 @@
  * LOOM_SECRET (or of LOOM_SECRET_FILE's contents), which the launcher hands
  * out. Without either the job still runs, with a warning: its key is then
  * the same as every other such job's, so anyone who reaches the port joins.
- * The communicators that ncclCommSplit and ncclCommShrink make get ids
- * whose secret each member derives from the parent's (bootstrap_child_id).
+ * The communicators that ncclCommSplit, ncclCommShrink and ncclCommGrow
+ * make get ids whose secret each member derives from the parent's
+ * (bootstrap_child_id); a grow's id also reaches new ranks, whole.
  * Copies of a secret are zeroed once used.
  * SPDX-License-Identifier: Apache-2.0
  */
@@ -17,6 +18,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -111,6 +113,25 @@ ncclResult_t bootstrap_child_id(const struct bootstrap *parent, const char *kind
     id_store(&id, out);
   boot_cleanse(&id, sizeof id);
   return r;
+}
+
+void bootstrap_id_set_grow_from(ncclUniqueId *uid, int grow_from) {
+  uint32_t v = (uint32_t)grow_from;
+  memcpy(uid->internal + offsetof(struct boot_id, grow_from), &v, sizeof v);
+}
+
+int bootstrap_id_grow_from(const ncclUniqueId *uid) {
+  struct boot_id id;
+  id_load(uid, &id);
+  return id.grow_from > BOOT_MAX_RANKS ? 0 : (int)id.grow_from;
+}
+
+void bootstrap_id_child_at(const ncclUniqueId *uid, struct bootstrap_child *at) {
+  struct boot_id id;
+  id_load(uid, &id);
+  memset(at, 0, sizeof *at);
+  at->root = id.root;
+  memcpy(at->tag, id.tag, sizeof at->tag);
 }
 
 static ncclResult_t read_secret_file(const char *path, char *buf, size_t *len) {

@@ -8,6 +8,14 @@
  * A rank whose connection ends before the root has answered it has not
  * been admitted (the root keeps every admitted rank's connection until it
  * answers), so it joins again, until LOOM_TIMEOUT.
+ *
+ * With several unique ids (ncclCommInitRankScalable) a rank joins the
+ * root of its block (boot_block), and the first rank of a block also
+ * greets the root of the block before, which tells that block's last
+ * rank where it listens. It sends that greeting before it waits for its
+ * own root and takes the answer after: a root answers only once all of
+ * its block and that neighbour have greeted it, so waiting for either
+ * answer first could wait around the whole ring of roots.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -22,53 +30,101 @@
 #include <string.h>
 #include <unistd.h>
 
-/* One try at the root. *again is set when the root dropped the
- * connection before it answered, so that joining again is right. The
- * first try waits for a root that is not up yet (NCCL_COMM_ID's rank 0
- * may start last); a later one, when nothing listens, finds the root gone. */
-static ncclResult_t join_once(struct bootstrap *b, const ncclUniqueId *uid, const union sock_addr *root,
-                              const char *root_str, uint64_t deadline, int first, struct boot_peer *next,
-                              int *again) {
-  char what[96], why[256], text[BOOT_REPLY_MSG_MAX + 1];
-  snprintf(what, sizeof what, "the bootstrap root at %s", root_str);
+/* One root of the job, as a rank greets it. */
+struct root_link {
+  const ncclUniqueId *uid;
+  uint8_t key[BOOT_KEY];
+  union sock_addr addr;
+  char str[SOCK_ADDR_STRLEN], what[96];
+  int index, nroots, role;
+  struct boot_conn c; /* open between join_start and join_finish */
+};
+
+static void root_link_init(struct root_link *jr, const ncclUniqueId *uid, int index, int nroots, int role) {
+  struct boot_id id;
+  memcpy(&id, uid->internal, sizeof id);
+  jr->uid = uid;
+  memcpy(jr->key, id.secret, sizeof jr->key);
+  jr->addr = id.root;
+  boot_cleanse(&id, sizeof id);
+  sock_addr_str(&jr->addr, jr->str, sizeof jr->str);
+  snprintf(jr->what, sizeof jr->what, "the bootstrap root at %s", jr->str);
+  jr->index = index;
+  jr->nroots = nroots;
+  jr->role = role;
+}
+
+static void join_close(struct bootstrap *b, struct root_link *jr) {
+  b->stats.root_sent += jr->c.bytes_out;
+  b->stats.root_recv += jr->c.bytes_in;
+  boot_conn_close(&jr->c); /* zeroes its keys too */
+}
+
+/* Connects to the root, proves the secret and says hello; on success
+ * jr->c stays open for join_finish. *again is set when the root dropped
+ * the connection, so that greeting again is right. The first try waits
+ * for a root that is not up yet (NCCL_COMM_ID's rank 0 may start last);
+ * a later one, when nothing listens, finds the root gone. */
+static ncclResult_t join_start(struct bootstrap *b, struct root_link *jr, uint64_t deadline, int first,
+                               int *again) {
+  char why[256];
   *again = 0;
   int fd;
-  CHECK(sock_connect(root, deadline, first, "the bootstrap root", &fd));
-  struct boot_conn c;
+  CHECK(sock_connect(&jr->addr, deadline, first, "the bootstrap root", &fd));
   /* Takes fd, closing it if it fails. */
-  CHECK(boot_conn_connect(&c, root, fd, b->key, b->rank, BOOT_TO_ROOT, b->nranks, NULL));
+  CHECK(boot_conn_connect(&jr->c, &jr->addr, fd, jr->key, b->rank, BOOT_TO_ROOT, b->nranks, NULL));
   ncclResult_t r;
   enum boot_event ev = BE_NONE;
   struct boot_msg *m = NULL;
-  CHECK_GOTO(boot_conn_wait(&c, deadline, b->abort_flag, what, &ev, &m, why, sizeof why), r, out);
+  CHECK_GOTO(boot_conn_wait(&jr->c, deadline, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r, fail);
+  free(m);
   if (ev == BE_WRONG_SECRET) {
     char hint[256];
-    bootstrap_id_secret_hint(uid, hint, sizeof hint);
-    r = err_set(ncclInvalidUsage, "the bootstrap root at %s refused rank %d: %s", root_str, b->rank, hint);
-    goto out;
+    bootstrap_id_secret_hint(jr->uid, hint, sizeof hint);
+    r = err_set(ncclInvalidUsage, "the bootstrap root at %s refused rank %d: %s", jr->str, b->rank, hint);
+    goto fail;
   }
   if (ev != BE_OPENED) {
     *again = ev == BE_BROKEN || ev == BE_CLOSED;
-    r = err_set(ncclRemoteError, "rank %d cannot join the bootstrap root at %s: %s", b->rank, root_str, why);
-    goto out;
+    r = err_set(ncclRemoteError, "rank %d cannot join the bootstrap root at %s: %s", b->rank, jr->str, why);
+    goto fail;
   }
   struct root_hello h;
   memset(&h, 0, sizeof h);
   h.rank = b->rank;
   h.nranks = b->nranks;
   h.pid = (int)getpid();
+  h.nroots = jr->nroots;
+  h.root = jr->index;
+  h.role = jr->role;
   h.me.addr = b->addr;
   memcpy(h.me.nonce, b->nonce, sizeof h.me.nonce);
   gethostname(h.host, sizeof h.host - 1);
-  r = boot_conn_send_wait(&c, BOOT_TAG_HELLO, &h, sizeof h, deadline, what);
+  r = boot_conn_send_wait(&jr->c, BOOT_TAG_HELLO, &h, sizeof h, deadline, jr->what);
   if (r != ncclSuccess) {
     /* The root may have dropped the connection before the hello. */
     *again = time_ns() < deadline;
-    goto out;
+    goto fail;
   }
+  return ncclSuccess;
+fail:
+  join_close(b, jr);
+  return r;
+}
+
+/* The root's answer to the hello join_start sent; closes the connection. */
+static ncclResult_t join_finish(struct bootstrap *b, struct root_link *jr, uint64_t deadline, struct boot_peer *next,
+                                int *again) {
+  char why[256], text[BOOT_REPLY_MSG_MAX + 1];
+  const char *root_str = jr->str;
+  *again = 0;
+  ncclResult_t r;
+  enum boot_event ev = BE_NONE;
+  struct boot_msg *m = NULL;
   /* The root enforces the join timeout itself and then says who is
    * missing; waiting a little longer than it lets that sentence arrive. */
-  CHECK_GOTO(boot_conn_wait(&c, deadline + 5 * GREETING_NS, b->abort_flag, what, &ev, &m, why, sizeof why), r, out);
+  CHECK_GOTO(boot_conn_wait(&jr->c, deadline + 5 * GREETING_NS, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r,
+             out);
   if (ev != BE_MSG) {
     /* Not admitted: the root answers every rank it admitted before it
      * lets its connection go. */
@@ -91,10 +147,8 @@ static ncclResult_t join_once(struct bootstrap *b, const ncclUniqueId *uid, cons
   *next = rep.next;
   r = ncclSuccess;
 out:
-  b->stats.root_sent += c.bytes_out;
-  b->stats.root_recv += c.bytes_in;
   free(m);
-  boot_conn_close(&c); /* zeroes its keys too */
+  join_close(b, jr);
   return r;
 }
 
@@ -110,20 +164,23 @@ static void join_pause(const struct bootstrap *b, uint64_t ns) {
   }
 }
 
-/* The root's answer for this rank: the next rank's address, or the
- * sentence that says why the job cannot form. */
-static ncclResult_t join_root(struct bootstrap *b, const ncclUniqueId *uid, const union sock_addr *root,
-                              const char *root_str, struct boot_peer *next) {
-  uint64_t deadline = deadline_from_timeout();
+/* Greets the root until it takes the hello (and, with `answer`, until it
+ * answers: the next rank's address, or the sentence that says why the job
+ * cannot form). Without `answer` the connection stays open for
+ * join_finish. */
+static ncclResult_t join_retry(struct bootstrap *b, struct root_link *jr, uint64_t deadline, int answer,
+                               struct boot_peer *next) {
   /* From 10 ms to 1 s, with jitter, so ranks that were dropped together
    * do not come back together. */
   uint64_t pause = 10000000ull;
   for (int tries = 1;; tries++) {
     int again = 0;
-    ncclResult_t r = join_once(b, uid, root, root_str, deadline, tries == 1, next, &again);
+    ncclResult_t r = join_start(b, jr, deadline, tries == 1, &again);
+    if (r == ncclSuccess && answer)
+      r = join_finish(b, jr, deadline, next, &again);
     if (r == ncclSuccess || !again || time_ns() + pause >= deadline)
       return r;
-    INFO(LOG_BOOTSTRAP, "bootstrap: rank %d joins the root at %s again (try %d): %s", b->rank, root_str, tries + 1,
+    INFO(LOG_BOOTSTRAP, "bootstrap: rank %d joins the root at %s again (try %d): %s", b->rank, jr->str, tries + 1,
          err_thread_last());
     uint8_t jitter = 0;
     (void)util_random(&jitter, 1);
@@ -132,14 +189,46 @@ static ncclResult_t join_root(struct bootstrap *b, const ncclUniqueId *uid, cons
   }
 }
 
-ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const volatile int *abort_flag,
+/* This rank's place among the roots: the root of its block gives the next
+ * rank's address; the first rank of a block also tells the root before. */
+static ncclResult_t join_roots(struct bootstrap *b, const ncclUniqueId *uids, int nids, struct boot_peer *next) {
+  uint64_t deadline = deadline_from_timeout();
+  int k = boot_root_of(b->rank, b->nranks, nids), lo, count;
+  boot_block(b->nranks, nids, k, &lo, &count);
+  struct root_link own, prev;
+  root_link_init(&own, &uids[k], k, nids, ROOT_MEMBER);
+  if (nids == 1 || b->rank != lo)
+    return join_retry(b, &own, deadline, 1, next);
+  int p = (k + nids - 1) % nids;
+  root_link_init(&prev, &uids[p], p, nids, ROOT_NEIGHBOUR);
+  CHECK(join_retry(b, &prev, deadline, 0, NULL));
+  ncclResult_t r = join_retry(b, &own, deadline, 1, next);
+  if (r != ncclSuccess) {
+    join_close(b, &prev);
+    return r;
+  }
+  struct boot_peer mine;
+  int again = 0;
+  r = join_finish(b, &prev, deadline, &mine, &again);
+  /* Dropped before the answer: this rank's own join is done, so greeting
+   * again and waiting for the answer holds nobody up. */
+  if (r != ncclSuccess && again)
+    r = join_retry(b, &prev, deadline, 1, &mine);
+  return r;
+}
+
+ncclResult_t bootstrap_init(const ncclUniqueId *uids, int nids, int rank, int nranks, const volatile int *abort_flag,
                             struct bootstrap **out) {
+  /* The first id's secret is the job's: every rank has it, whichever root
+   * it joins. */
+  const ncclUniqueId *uid = &uids[0];
   struct boot_id id;
   memcpy(&id, uid->internal, sizeof id);
   uint64_t t0 = time_ns();
-  char ifname[IF_NAMESIZE], root_str[SOCK_ADDR_STRLEN], a[SOCK_ADDR_STRLEN];
-  sock_addr_str(&id.root, root_str, sizeof root_str);
-  union sock_addr root = id.root;
+  char ifname[IF_NAMESIZE], root_str[SOCK_ADDR_STRLEN + 32], a[SOCK_ADDR_STRLEN];
+  sock_addr_str(&id.root, root_str, SOCK_ADDR_STRLEN);
+  if (nids > 1)
+    snprintf(root_str + strlen(root_str), sizeof root_str - strlen(root_str), " and %d more", nids - 1);
   struct bootstrap *b = calloc(1, sizeof *b);
   if (!b) {
     boot_cleanse(&id, sizeof id);
@@ -169,7 +258,7 @@ ncclResult_t bootstrap_init(const ncclUniqueId *uid, int rank, int nranks, const
   CHECK_GOTO(util_random(b->nonce, sizeof b->nonce), res, fail);
   INFO(LOG_BOOTSTRAP, "bootstrap: rank %d listens on %s (%s), root is %s", rank,
        sock_addr_str(&b->addr, a, sizeof a), ifname, root_str);
-  CHECK_GOTO(join_root(b, uid, &root, root_str, &next), res, fail);
+  CHECK_GOTO(join_roots(b, uids, nids, &next), res, fail);
   b->peers[rank].addr = b->addr;
   memcpy(b->peers[rank].nonce, b->nonce, sizeof b->nonce);
   b->peers[(rank + 1) % nranks] = next;

@@ -21,6 +21,12 @@
  * thread; a copy would keep a connection the root drops or refuses open,
  * and its rank would never hear that. So the root works under its own
  * lock, which fork takes, and the child closes its copies (root_fork_*).
+ *
+ * With several unique ids (ncclCommInitRankScalable) each root serves a
+ * block of ranks, learned from the first hello, plus the first rank of
+ * the next block, whose address it gives to its block's last rank: each
+ * root's work is O(nranks / nroots). Its tables are indexed by slot: the
+ * block's ranks in order, then that neighbour.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -44,8 +50,10 @@ struct root {
   int listen_fd;
   uint8_t key[BOOT_KEY];
   char where[SOCK_ADDR_STRLEN];
-  int nranks, joined, first_rank;
-  struct boot_conn **conns; /* the joined ranks', by rank */
+  int nranks, joined, first_rank, first_slot;
+  int nroots, index;    /* which root of the job this is */
+  int lo, count, nslots; /* the block it serves; slot count is the neighbour */
+  struct boot_conn **conns; /* the joined ranks', by slot */
   struct boot_peer *peers;
   struct root_hello *hellos;
   int *order; /* the order ranks are answered in (answer_order) */
@@ -93,12 +101,12 @@ static void reply_error(struct root *rt, struct boot_conn *c, ncclResult_t statu
  * answered first. Made once, when the answers start: O(nranks). */
 static int answer_order(struct root *rt, int k) {
   if (!rt->order) {
-    rt->order = malloc(sizeof *rt->order * (size_t)rt->nranks);
+    rt->order = malloc(sizeof *rt->order * (size_t)rt->nslots);
     if (!rt->order)
-      return k; /* out of memory: rank order still answers everyone */
+      return k; /* out of memory: slot order still answers everyone */
     int pid = (int)getpid(), n = 0;
     for (int pass = 0; pass < 2; pass++)
-      for (int i = 0; i < rt->nranks; i++)
+      for (int i = 0; i < rt->nslots; i++)
         if ((rt->hellos[i].pid == pid) == (pass == 1))
           rt->order[n++] = i;
   }
@@ -111,7 +119,7 @@ static void fail_job(struct root *rt, ncclResult_t code, const char *msg) {
   WARN("bootstrap root at %s: %s", rt->where, msg);
   rt->failed = code;
   snprintf(rt->failed_msg, sizeof rt->failed_msg, "%s", msg);
-  for (int k = 0; k < rt->nranks; k++) {
+  for (int k = 0; k < rt->nslots; k++) {
     int i = answer_order(rt, k);
     if (rt->conns[i])
       reply_error(rt, rt->conns[i], code, msg);
@@ -123,14 +131,30 @@ static void fail_job(struct root *rt, ncclResult_t code, const char *msg) {
 static int first_join(struct root *rt, const struct root_hello *h) {
   rt->nranks = h->nranks;
   rt->first_rank = h->rank;
-  rt->conns = calloc(rt->nranks, sizeof *rt->conns);
-  rt->peers = calloc(rt->nranks, sizeof *rt->peers);
-  rt->hellos = calloc(rt->nranks, sizeof *rt->hellos);
+  rt->nroots = h->nroots;
+  rt->index = h->root;
+  boot_block(rt->nranks, rt->nroots, rt->index, &rt->lo, &rt->count);
+  int nslots = rt->count + (rt->nroots > 1);
+  rt->conns = calloc(nslots, sizeof *rt->conns);
+  rt->peers = calloc(nslots, sizeof *rt->peers);
+  rt->hellos = calloc(nslots, sizeof *rt->hellos);
   if (!rt->conns || !rt->peers || !rt->hellos) {
-    WARN("bootstrap root: out of memory for %d ranks", rt->nranks);
+    WARN("bootstrap root: out of memory for %d ranks", nslots);
     return -1;
   }
+  rt->nslots = nslots;
+  rt->first_slot = h->role == ROOT_NEIGHBOUR ? rt->count : h->rank - rt->lo;
   return 1;
+}
+
+static int slot_rank(const struct root *rt, int slot) {
+  return slot < rt->count ? rt->lo + slot : (rt->lo + rt->count) % rt->nranks;
+}
+
+/* Ranks' hellos agree on the ids when they agree on this root's place
+ * among them (boot_hello_check has placed the rank in the block). */
+static int hello_slot(const struct root *rt, const struct root_hello *h) {
+  return h->role == ROOT_NEIGHBOUR ? rt->count : h->rank - rt->lo;
 }
 
 /* A rank that proved the secret and said hello: admit it or say why not.
@@ -145,8 +169,8 @@ static int admit(struct root *rt, struct root_hello *h, struct boot_conn *c) {
     conn_done(rt, c);
     return -1;
   }
+  const struct root_hello *f = &rt->hellos[rt->first_slot];
   if (h->nranks != rt->nranks) {
-    const struct root_hello *f = &rt->hellos[rt->first_rank];
     snprintf(msg, sizeof msg,
              "rank %d (%s pid %d) says nranks=%d but rank %d (%s pid %d), the first to join, says nranks=%d: "
              "every rank must pass the same nranks",
@@ -155,16 +179,26 @@ static int admit(struct root *rt, struct root_hello *h, struct boot_conn *c) {
     fail_job(rt, ncclInvalidUsage, msg);
     return 0;
   }
-  if (rt->conns[h->rank] != NULL) {
+  if (h->nroots != rt->nroots || h->root != rt->index) {
+    snprintf(msg, sizeof msg,
+             "rank %d (%s pid %d) has this root's id as id %d of %d, but rank %d (%s pid %d), the first to join, "
+             "as id %d of %d: every rank must pass the same unique ids in the same order",
+             h->rank, h->host, h->pid, h->root, h->nroots, rt->first_rank, f->host, f->pid, rt->index, rt->nroots);
+    reply_error(rt, c, ncclInvalidUsage, msg);
+    fail_job(rt, ncclInvalidUsage, msg);
+    return 0;
+  }
+  int slot = hello_slot(rt, h);
+  if (rt->conns[slot] != NULL) {
     snprintf(msg, sizeof msg, "rank %d joined twice: first from %s pid %d, then from %s pid %d", h->rank,
-             rt->hellos[h->rank].host, rt->hellos[h->rank].pid, h->host, h->pid);
+             rt->hellos[slot].host, rt->hellos[slot].pid, h->host, h->pid);
     WARN("bootstrap root at %s: %s", rt->where, msg);
     reply_error(rt, c, ncclInvalidUsage, msg);
     return 0;
   }
-  rt->conns[h->rank] = c;
-  rt->peers[h->rank] = h->me;
-  rt->hellos[h->rank] = *h;
+  rt->conns[slot] = c;
+  rt->peers[slot] = h->me;
+  rt->hellos[slot] = *h;
   rt->joined++;
   TRACE(LOG_BOOTSTRAP, "bootstrap root: rank %d of %d joined from %s pid %d", h->rank, rt->nranks, h->host, h->pid);
   return 1;
@@ -271,25 +305,30 @@ static int accept_all(struct root *rt) {
 static void timed_out(struct root *rt) {
   if (rt->failed != ncclSuccess || rt->nranks < 0)
     return;
-  char missing[200] = "", msg[256];
+  char missing[200] = "", msg[400], part[160] = "";
   size_t o = 0;
-  for (int i = 0; i < rt->nranks && o < sizeof missing - 8; i++)
+  for (int i = 0; i < rt->nslots && o < sizeof missing - 8; i++)
     if (rt->conns[i] == NULL)
-      o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", i);
-  snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s within LOOM_TIMEOUT=%llds",
-           missing, rt->nranks, rt->where, (long long)rt->timeout_s);
+      o += snprintf(missing + o, sizeof missing - o, "%s%d", o ? "," : "", slot_rank(rt, i));
+  if (rt->nroots > 1)
+    snprintf(part, sizeof part, " (root %d of %d: it serves ranks %d to %d and hears from rank %d)", rt->index,
+             rt->nroots, rt->lo, rt->lo + rt->count - 1, slot_rank(rt, rt->count));
+  snprintf(msg, sizeof msg, "rank(s) %s of %d did not join the bootstrap root at %s%s within LOOM_TIMEOUT=%llds",
+           missing, rt->nranks, rt->where, part, (long long)rt->timeout_s);
   fail_job(rt, ncclRemoteError, msg);
 }
 
 /* Each rank learns only where the next one listens: O(1) bytes per rank,
  * O(nranks) in all; the ranks pass the rest around the ring. */
 static void answer_all(struct root *rt) {
-  for (int k = 0; k < rt->nranks; k++) {
+  for (int k = 0; k < rt->nslots; k++) {
     int i = answer_order(rt, k);
     struct root_reply ok;
     memset(&ok, 0, sizeof ok);
     ok.nranks = rt->nranks;
-    ok.next = rt->peers[(i + 1) % rt->nranks];
+    /* The block's last rank gets the neighbour (or, with one root, rank
+     * 0); the neighbour its own address, which it does not use. */
+    ok.next = rt->peers[i + 1 < rt->nslots ? i + 1 : i == rt->count ? i : 0];
     if (boot_conn_send_wait(rt->conns[i], BOOT_TAG_REPLY, &ok, sizeof ok, time_ns() + GREETING_NS * 5,
                             "a joining rank") != ncclSuccess)
       WARN("bootstrap root at %s: could not answer rank %d: %s", rt->where, i, err_thread_last());
@@ -324,7 +363,7 @@ static void root_fork_child(void) {
       close(rt->listen_fd);
     for (int i = 0; i < rt->npend; i++)
       close(rt->pend[i]->fd);
-    for (int i = 0; rt->conns && i < rt->nranks; i++)
+    for (int i = 0; rt->conns && i < rt->nslots; i++)
       if (rt->conns[i])
         close(rt->conns[i]->fd);
     pthread_mutex_unlock(&rt->mu);
@@ -365,7 +404,7 @@ static void root_close_all(struct root *rt) {
   for (int i = 0; i < rt->npend; i++)
     conn_done(rt, rt->pend[i]);
   rt->npend = 0;
-  for (int i = 0; rt->conns && i < rt->nranks; i++)
+  for (int i = 0; rt->conns && i < rt->nslots; i++)
     if (rt->conns[i]) {
       conn_done(rt, rt->conns[i]);
       rt->conns[i] = NULL;
@@ -396,7 +435,7 @@ static void *root_main(void *arg) {
   struct pollfd *pfd = rt->pfd;
   int all = 0;
   for (;;) {
-    if (rt->failed == ncclSuccess && rt->nranks > 0 && rt->joined == rt->nranks) {
+    if (rt->failed == ncclSuccess && rt->nslots > 0 && rt->joined == rt->nslots) {
       answer_all(rt);
       all = 1;
       break;
@@ -448,7 +487,7 @@ static void *root_main(void *arg) {
          rt->warn.held);
   if (all)
     INFO(LOG_BOOTSTRAP, "bootstrap root at %s: all %d ranks joined; it sent %llu bytes and received %llu (%d "
-         "connection(s) refused)", rt->where, rt->nranks, (unsigned long long)rt->sent,
+         "connection(s) refused)", rt->where, rt->nslots, (unsigned long long)rt->sent,
          (unsigned long long)rt->received, rt->refused);
   root_free(rt);
   return NULL;

@@ -270,9 +270,28 @@ enum boot_verdict boot_hello_check(const void *buf, size_t len, struct root_hell
   memcpy(out, buf, sizeof *out);
   out->host[sizeof out->host - 1] = '\0';
   if (out->nranks < 1 || out->nranks > BOOT_MAX_RANKS || out->rank < 0 || out->rank >= out->nranks ||
-      boot_peer_check(&out->me) != BOOT_OK)
+      out->nroots < 1 || out->nroots > out->nranks || out->root < 0 || out->root >= out->nroots ||
+      (out->role != ROOT_MEMBER && out->role != ROOT_NEIGHBOUR) || boot_peer_check(&out->me) != BOOT_OK)
+    return BOOT_BAD_FIELD;
+  /* A rank greets only the root of its block, and the first rank of a
+   * block also the root before. */
+  int lo, count;
+  boot_block(out->nranks, out->nroots, out->root, &lo, &count);
+  if (out->role == ROOT_MEMBER ? out->rank < lo || out->rank >= lo + count
+                               : out->nroots < 2 || out->rank != (lo + count) % out->nranks)
     return BOOT_BAD_FIELD;
   return BOOT_OK;
+}
+
+void boot_block(int nranks, int nroots, int k, int *lo, int *count) {
+  int per = nranks / nroots, more = nranks % nroots;
+  *count = per + (k < more);
+  *lo = k * per + LOOM_MIN(k, more);
+}
+
+int boot_root_of(int rank, int nranks, int nroots) {
+  int per = nranks / nroots, more = nranks % nroots, big = more * (per + 1);
+  return rank < big ? rank / (per + 1) : more + (rank - big) / per;
 }
 
 enum boot_verdict boot_reply_check(const void *buf, size_t len, int nranks, struct root_reply *out, char *msg,

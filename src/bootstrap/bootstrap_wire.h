@@ -57,7 +57,9 @@ struct boot_id {
   char magic[8];
   uint8_t secret[BOOT_KEY];
   uint32_t fixed; /* root address from NCCL_COMM_ID */
-  uint32_t pad;
+  /* An id of ncclCommGetUniqueId: the size of the communicator it grows,
+   * which a new rank checks its own against; 0 in any other id. */
+  uint32_t grow_from;
   union sock_addr root;
   /* Random, not secret (zero with NCCL_COMM_ID): with the root's address
    * it tells communicators apart in status reports (bootstrap_id_hash),
@@ -109,9 +111,15 @@ struct boot_peer {
   uint8_t nonce[BOOT_NONCE];
 };
 
+/* With several unique ids (ncclCommInitRankScalable) root `root` of
+ * `nroots` serves one block of ranks (boot_block), and the first rank of
+ * the next block also greets it as ROOT_NEIGHBOUR, so that the block's
+ * last rank learns where that one listens. */
+enum { ROOT_MEMBER = 0, ROOT_NEIGHBOUR = 1 };
 struct root_hello {
   int32_t rank, nranks;
-  int32_t pid, pad;
+  int32_t pid, nroots;
+  int32_t root, role;
   struct boot_peer me;
   char host[64];
 };
@@ -182,6 +190,10 @@ enum boot_verdict boot_trailer_check(const uint8_t mac[BOOT_MAC], const uint8_t 
                                      const struct boot_msg_hdr *h, const void *payload);
 /* Payloads of the root's messages. */
 enum boot_verdict boot_hello_check(const void *buf, size_t len, struct root_hello *out);
+/* The ranks root k of `nroots` serves: [*lo, *lo + *count), the first
+ * nranks % nroots roots one more than the others. */
+void boot_block(int nranks, int nroots, int k, int *lo, int *count);
+int boot_root_of(int rank, int nranks, int nroots);
 /* A root's answer to a rank that asked for `nranks`; `msg` gets the
  * sentence of a failure (or ""). */
 enum boot_verdict boot_reply_check(const void *buf, size_t len, int nranks, struct root_reply *out, char *msg,

@@ -9,9 +9,11 @@
  */
 #include "core.h"
 #include "comm/comm.h"
+#include "misc/utils.h"
 
 #include <sched.h>
 #include <stdio.h>
+#include <time.h>
 
 ncclResult_t comm_not_a_comm(const char *func) {
   return err_set(ncclInvalidArgument, "%s: comm is not a communicator (never created, or already destroyed)", func);
@@ -24,7 +26,7 @@ static ncclResult_t busy_refusal(const char *func) {
                  func);
 }
 
-ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
+ncclResult_t comm_check_even_suspended(const struct ncclComm *comm, const char *func) {
   if (comm == NULL)
     return err_set(ncclInvalidArgument, "%s: comm is NULL", func);
   if (!comm_live(comm))
@@ -43,6 +45,18 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
                    func, comm->first_error);
   if (comm->finalized)
     return err_set(ncclInvalidUsage, "%s: the communicator was finalized; only ncclCommDestroy may follow", func);
+  return ncclSuccess;
+}
+
+ncclResult_t comm_check(const struct ncclComm *comm, const char *func) {
+  CHECK(comm_check_even_suspended(comm, func));
+  if (atomic_load(&comm->suspended))
+    return err_set(ncclInvalidUsage, "%s: the communicator is suspended; call ncclCommResume", func);
+  if (comm->suspend_queued == 1)
+    return err_set(ncclInvalidUsage,
+                   "%s: the communicator is suspended at the end of this group (ncclCommSuspend was called in it); "
+                   "call ncclCommResume after ncclGroupEnd",
+                   func);
   return ncclSuccess;
 }
 
@@ -92,6 +106,27 @@ ncclResult_t comm_enter(struct ncclComm *comm, const char *func) {
     return err_set(ncclInvalidUsage, "%s: the communicator is being aborted (ncclCommAbort)", func);
   }
   return ncclSuccess;
+}
+
+/* For abort and revoke, after they raised the abort flag: a thread
+ * inside a call notices the flag at its next check (every 100 ms of a
+ * wait) and returns; only then may the connections and memory it uses
+ * go. The caller then holds the communicator, so that no other thread can
+ * enter it. */
+void comm_hold(struct ncclComm *comm, const char *func) {
+  uint64_t t0 = time_ns();
+  int warned = 0, idle = 0;
+  while (!atomic_compare_exchange_strong(&comm->in_call, &idle, 1)) {
+    idle = 0;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+    if (!warned && time_ns() - t0 > 5000000000ull) {
+      WARN("rank %d: %s has waited 5 s for the thread inside a call on this communicator to return", comm->rank,
+           func);
+      warned = 1;
+    }
+  }
+  atomic_store(&comm->in_call_func, func);
 }
 
 void comm_leave(struct ncclComm *comm) {

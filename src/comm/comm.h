@@ -21,6 +21,7 @@ struct status_rec;
 struct call_desc;
 struct tuner;
 struct rma_state;
+struct suspend_state;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -86,6 +87,9 @@ struct ncclComm {
   uint64_t comm_hash;
   char name[64];
   int blocking;
+  /* The config it was made with, read and checked, strings cleared: what
+   * a grow with config NULL inherits (comm_grow.c). */
+  ncclConfig_t config;
 
   struct bootstrap *boot;
   struct peer_info *peers;
@@ -139,6 +143,14 @@ struct ncclComm {
   volatile int abort_flag;
   /* ncclCommRevoke: no more calls but split, shrink, destroy and abort. */
   _Atomic int revoked;
+  /* ncclCommSuspend released the connections (and a CUDA communicator's
+   * executor): no calls but ncclCommResume, ncclCommMemStats, the
+   * queries, destroy and abort. suspend_queued: 1 while a suspend, 2
+   * while a resume waits in an open group for its end. What Resume
+   * rebuilds is kept in `suspend` (comm_suspend.c). */
+  _Atomic int suspended;
+  int suspend_queued;
+  struct suspend_state *suspend;
   /* 1 while a thread is inside a call on this communicator (NCCL allows
    * one at a time): ncclCommAbort from another thread waits for it to see
    * abort_flag and leave before it frees anything. */
@@ -161,6 +173,11 @@ struct ncclComm {
   int finalized;
   uint64_t coll_seq; /* collectives started, for diagnostics */
   uint64_t shrink_seq; /* ncclCommShrink calls, which number their bootstrap messages */
+  /* ncclCommGetUniqueId on this rank: the ids made (numbering their
+   * secrets), and the one no grow has consumed yet, by its hash. */
+  uint64_t grow_seq;
+  int grow_pending;
+  uint64_t grow_pending_seq, grow_pending_hash;
   /* LOOM_CHECK_CALLS, agreed by all ranks at init (host communicators
    * only): its all-gathers' own numbers, its buffers (this rank's
    * description, then every rank's), and whether the last launch was
@@ -190,6 +207,9 @@ struct ncclComm {
 
 /* Validates a communicator argument; records the sentence on failure. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
+/* The same, but a suspended communicator passes: for the calls that work
+ * on one (ncclCommResume, the queries). */
+ncclResult_t comm_check_even_suspended(const struct ncclComm *comm, const char *func);
 /* The refusal of a pointer that is no live communicator, for `func`. */
 ncclResult_t comm_not_a_comm(const char *func);
 
@@ -212,6 +232,9 @@ static inline int comm_live(const struct ncclComm *comm) {
  * the call's own check to name; leave ignores both. */
 ncclResult_t comm_enter(struct ncclComm *comm, const char *func);
 void comm_leave(struct ncclComm *comm);
+/* Waits until no thread is inside a call, then holds the communicator
+ * (abort and revoke, once the abort flag is up). */
+void comm_hold(struct ncclComm *comm, const char *func);
 
 /* Whether ncclCommAbort (or a failure) has raised abort_flag; waits on
  * any thread read it through this, since another thread writes it. */

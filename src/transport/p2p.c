@@ -100,6 +100,7 @@ static ncclResult_t p2p_setup(struct conn *c, void *info, size_t *len) {
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
   size_t size = c->dir == CONN_RECV ? P2P_CTRL_BYTES + NCCL_STEPS * (SLOT_HDR_BYTES + capacity) : P2P_CTRL_BYTES;
   CHECK(cuda_malloc(&pp->local, size, c->dir == CONN_RECV ? "a p2p FIFO" : "a p2p counter"));
+  c->mem_dev = size;
   /* Zeroed before the handle is published: a peer may write the counters
    * as soon as it has it. */
   CHECK(cuda_memset(pp->local, 0, P2P_CTRL_BYTES));

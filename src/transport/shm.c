@@ -156,6 +156,7 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
     sp->map = NULL;
     return err_set(ncclSystemError, "mmap of %zu bytes of shared memory failed: %s", sp->size, strerror(errno));
   }
+  c->mem_host = sp->size;
   /* The receiver reads its FIFO most: its pages go on the receiver's
    * NUMA node. */
   place_memory(sp->map, sp->size, c->comm->peers[c->comm->rank].numa);

@@ -293,6 +293,34 @@ int transport_fifo_next_hdr(struct conn *c, struct slot_hdr *out) {
   return 1;
 }
 
+static void free_one(struct conn *c, void *unused) { transport_free_conn(c); }
+
+void transport_free_all(struct ncclComm *comm) {
+  transport_each_conn(comm, free_one, NULL);
+  memset(comm->ring_send, 0, sizeof comm->ring_send);
+  memset(comm->ring_recv, 0, sizeof comm->ring_recv);
+  if (comm->p2p_send)
+    memset(comm->p2p_send, 0, sizeof *comm->p2p_send * (size_t)comm->nranks);
+  if (comm->p2p_recv)
+    memset(comm->p2p_recv, 0, sizeof *comm->p2p_recv * (size_t)comm->nranks);
+  comm->extra_conns = NULL;
+  comm->pending = NULL;
+  comm->coll_conns = 0;
+}
+
+static void add_mem(struct conn *c, void *arg) {
+  uint64_t *sum = arg;
+  sum[0] += c->mem_dev;
+  sum[1] += c->mem_host;
+}
+
+void transport_mem(struct ncclComm *comm, uint64_t *dev, uint64_t *host) {
+  uint64_t sum[2] = {0, 0};
+  transport_each_conn(comm, add_mem, sum);
+  *dev = sum[0];
+  *host = sum[1];
+}
+
 uint64_t transport_comm_activity(struct ncclComm *comm) {
   uint64_t a = 0;
   transport_each_conn(comm, add_activity, &a);

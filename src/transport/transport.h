@@ -132,6 +132,10 @@ struct conn {
   uint64_t ref_until; /* send: the slot count the receiver must release before
                          the payloads posted by reference may change */
   void *priv;        /* the transport's own state */
+  /* Bytes this side allocated for the connection (its FIFO, counters),
+   * for ncclCommMemStats: device memory, and host memory (pinned or
+   * shared included). Memory mapped from the peer is the peer's. */
+  size_t mem_dev, mem_host;
   /* The same FIFO as a GPU sees it, on CUDA communicators: where kernels
    * read and write slots and counters (device or mapped host addresses).
    * hdrs: the slots' headers in mapped host memory, apart from the slots
@@ -162,6 +166,11 @@ ncclResult_t transport_get_conn(struct ncclComm *comm, int kind, int channel, in
 ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms);
 
 void transport_free_conn(struct conn *c);
+/* Frees every connection of `comm` and forgets them, so that the next
+ * use creates them anew (ncclCommSuspend); nothing may use them then. */
+void transport_free_all(struct ncclComm *comm);
+/* What the connections of `comm` hold: device and host bytes. */
+void transport_mem(struct ncclComm *comm, uint64_t *dev, uint64_t *host);
 
 /* What this build has, for the banner and loomTransports(). */
 #if LOOM_HAVE_CUDA

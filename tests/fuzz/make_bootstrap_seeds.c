@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
   h.rank = 1;
   h.nranks = 2;
   h.pid = 4242;
+  h.nroots = 1;
   h.me.addr.sin.sin_family = AF_INET;
   h.me.addr.sin.sin_port = 0x3412;
   snprintf(h.host, sizeof h.host, "vm");

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # tests/gpu/lib.sh: the step runner that the device check scripts share
-# (tests/gpu/run.sh, tests/gpu/run2.sh source it; it does nothing alone).
+# (tests/gpu/run.sh, run2.sh and run3.sh source it; it does nothing alone).
 #
 # A device call is one command of at most 540 s wall clock. A check killed
 # from outside at that point loses its summary, so every step runs under a

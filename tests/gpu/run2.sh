@@ -42,8 +42,8 @@ step gpu_net_gdr_read_off 90 "$(ctest_cmd '^gpu_net_gdr_read_off$')"
 step gpu_net_gdr_off 90 "$(ctest_cmd '^gpu_net_gdr_off$')"
 
 # torch: only whether it imports and sees the GPU; exits 77 (skipped) where
-# python3 has no torch. The torch backend's GPU test (gpu_torch_nccl_backend,
-# PyTorch's nccl backend served by Loom) is issue 24's and not run here.
+# python3 has no torch. The torch backend's GPU test (PyTorch's nccl
+# backend served by Loom) is the third run's (tests/gpu/run3.sh).
 # The python3 is the one bindings/torch/CMakeLists.txt takes (LOOM_TORCH_PYTHON,
 # default /usr/bin/python3 with Debian's python3-torch): one earlier on PATH,
 # such as pyenv's, may have no torch.

@@ -15,7 +15,7 @@ that the library prints its banner. Each rank, a process on the same GPU
 - runs every collective torch.distributed has for the nccl backend
   (all_reduce with each op, all_gather, all_gather_into_tensor,
   reduce_scatter, reduce_scatter_tensor, broadcast, reduce, send/recv,
-  all_to_all_single, barrier) on float32, float16, bfloat16, int32 and
+  all_to_all_single, gather, scatter, barrier) on float32, float16, bfloat16, int32 and
   int64 CUDA tensors, and compares each result with the value computed on
   the host.
 The parent checks every rank's stderr for Loom's banner.
@@ -181,6 +181,17 @@ def rank_main(rank, n, store_dir, count):
         a2a_out = torch.empty(n * count, dtype=dt, device=dev)
         dist.all_to_all_single(a2a_out, a2a_in)
         check(f"all_to_all_single {dt}", a2a_out, torch.cat([data(j * n + rank, dt) for j in range(n)]))
+        # gather to the root and scatter from it (ncclGather/ncclScatter,
+        # or grouped send/recv, whichever this torch calls).
+        gl = [torch.empty(count, dtype=dt, device=dev) for _ in range(n)] if rank == root else None
+        dist.gather(ins[rank].to(dev), gather_list=gl, dst=root)
+        if rank == root:
+            for r in range(n):
+                check(f"gather {dt} block {r}", gl[r], ins[r])
+        got = torch.empty(count, dtype=dt, device=dev)
+        sl = [data(100 + r, dt).to(dev) for r in range(n)] if rank == root else None
+        dist.scatter(got, scatter_list=sl, src=root)
+        check(f"scatter {dt}", got, data(100 + rank, dt))
     dist.barrier()
     torch.cuda.synchronize()
     dist.destroy_process_group()

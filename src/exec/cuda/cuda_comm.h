@@ -60,6 +60,7 @@ struct batch {
  * for a launch this process has yet to make. */
 struct retired {
   void *host, *dev;
+  size_t cap;
   struct retired *next;
 };
 

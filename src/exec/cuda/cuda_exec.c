@@ -319,6 +319,16 @@ ncclResult_t cuda_comm_finalize(struct ncclComm *comm) {
   return comm->async_error;
 }
 
+uint64_t cuda_comm_dev_bytes(const struct ncclComm *comm) {
+  const struct cuda_comm *cc = comm->cuda;
+  uint64_t n = 0;
+  for (int i = 0; cc && i < cc->narenas; i++)
+    n += cc->arenas[i].cap;
+  for (const struct retired *r = cc ? cc->retired : NULL; r; r = r->next)
+    n += r->cap;
+  return n;
+}
+
 void cuda_comm_fini(struct ncclComm *comm, int abort) {
   struct cuda_comm *cc = comm->cuda;
   if (!cc)

@@ -24,6 +24,9 @@ void cuda_comm_fini(struct ncclComm *comm, int abort);
 /* Waits for the communicator's kernels and lets their network sends
  * leave; the communicator's asynchronous error. */
 ncclResult_t cuda_comm_finalize(struct ncclComm *comm);
+/* The device memory the executor holds for the communicator (its launch
+ * arenas, outgrown ones included), for ncclCommMemStats. */
+uint64_t cuda_comm_dev_bytes(const struct ncclComm *comm);
 /* Makes what a kernel reported (a mismatch) the communicator's error, if
  * nobody has yet: any thread may call it. */
 void cuda_comm_poll(struct ncclComm *comm);
@@ -48,6 +51,7 @@ static inline ncclResult_t cuda_device_lanes(int32_t *lanes) {
 static inline void cuda_comm_fini(struct ncclComm *comm, int abort) {}
 static inline ncclResult_t cuda_comm_finalize(struct ncclComm *comm) { return ncclSuccess; }
 static inline void cuda_comm_poll(struct ncclComm *comm) {}
+static inline uint64_t cuda_comm_dev_bytes(const struct ncclComm *comm) { return 0; }
 static inline void cuda_comm_stop(struct ncclComm *comm) {}
 static inline ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   return err_set(ncclInternalError, "this build of Loom has no CUDA");

@@ -29,6 +29,7 @@ static ncclResult_t arena_grow(struct cuda_comm *cc, struct arena *a, size_t siz
     CHECK(UTIL_CALLOC(&r, 1, "an outgrown launch arena"));
     r->host = a->host;
     r->dev = a->dev;
+    r->cap = a->cap;
     r->next = cc->retired;
     cc->retired = r;
   }

@@ -294,10 +294,12 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   if (posix_memalign((void **)&np->mem, 4096, np->mem_size) != 0)
     return err_set(ncclSystemError, "out of memory for a %zu-byte network FIFO", np->mem_size);
   memset(np->mem, 0, NET_DATA_OFFSET);
+  c->mem_host = np->mem_size;
   if (np->gdr) {
     /* The payloads in device memory keep their place after a header's
      * worth of unused bytes, so that kernels address slots as always. */
     CHECK(gdr_mem_alloc(NCCL_STEPS * stride, &np->dmem));
+    c->mem_dev = np->dmem.alloc_size;
     np->slots = np->dmem.base;
     np->hdrs = np->mem + NET_DATA_OFFSET;
     c->fifo.hdrs = np->hdrs;

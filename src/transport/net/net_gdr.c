@@ -185,6 +185,7 @@ ncclResult_t gdr_mem_alloc(size_t size, struct gdr_mem *m) {
   /* One page more than needed, so that a page-aligned range of the full
    * size fits whatever alignment cudaMalloc gives. */
   CHECK(cuda_malloc(&m->alloc, m->size + page, "a network FIFO in device memory (GPUDirect RDMA)"));
+  m->alloc_size = m->size + page;
   m->base = (char *)(((uintptr_t)m->alloc + page - 1) & ~(uintptr_t)(page - 1));
   return ncclSuccess;
 }

@@ -73,6 +73,7 @@ struct gdr_mem {
   void *alloc;
   char *base;
   size_t size;
+  size_t alloc_size; /* what was allocated for it (size and a page) */
 };
 
 ncclResult_t gdr_mem_alloc(size_t size, struct gdr_mem *m);
