@@ -237,6 +237,10 @@ struct seg_desc {
   int32_t ipc_ok;
   int32_t cuda_dev;
   uint8_t ipc[CUDA_IPC_HANDLE_BYTES];
+  /* Host communicators with peers on other hosts: where this rank's
+   * one-sided service listens (comm_rma_net.c); rma_listen 0: none. */
+  int32_t rma_listen;
+  union sock_addr rma_addr;
 };
 
 
@@ -274,10 +278,17 @@ static void seg_reach(struct ncclComm *comm, int peer, const struct seg_desc *d,
     *ptr = (char *)(uintptr_t)d->addr;
     return;
   }
-  if (p->host_hash != me->host_hash) {
+  if (p->host_hash != me->host_hash && comm->is_host) {
+    /* Puts and signals go to its one-sided service instead
+     * (comm_rma_net.c); this sentence is for the pointers. */
+    snprintf(buf, sizeof buf,
+             "rank %d is on another host (%s), whose memory this process cannot load and store; ncclPutSignal and "
+             "ncclSignal reach it",
+             peer, p->hostname);
+  } else if (p->host_hash != me->host_hash) {
     snprintf(buf, sizeof buf,
              "rank %d is on another host (%s): one-sided operations to a peer on another host are not implemented "
-             "yet in Loom; use ncclSend and ncclRecv",
+             "yet in Loom on CUDA communicators; use ncclSend and ncclRecv",
              peer, p->hostname);
   } else if (d->seg_size == 0) {
     snprintf(buf, sizeof buf,
@@ -344,6 +355,8 @@ static ncclResult_t rma_state_get(struct ncclComm *comm, const char *func) {
   int n = comm->nranks;
   if (st) {
     st->sig_fd = -1;
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->win_cond, NULL);
     st->sig_peer = calloc((size_t)n, sizeof *st->sig_peer);
     st->sig_map = calloc((size_t)n, sizeof *st->sig_map);
     st->sig_why = calloc((size_t)n, sizeof *st->sig_why);
@@ -471,6 +484,8 @@ void rma_destroy(struct ncclComm *comm) {
   struct rma_state *st = comm->rma;
   if (!st)
     return;
+  /* The service first: it writes into the windows freed below. */
+  rma_net_stop(comm);
   /* Signals still queued on streams write through this state: they are
    * waited for, for LOOM_TIMEOUT at most (a second after an abort); past
    * that the state is left (a leak, not a write into freed memory). */
@@ -502,6 +517,8 @@ void rma_destroy(struct ncclComm *comm) {
   free(st->sig_map);
   free(st->sig_why);
   free(st->consumed);
+  pthread_mutex_destroy(&st->lock);
+  pthread_cond_destroy(&st->win_cond);
   free(st);
   comm->rma = NULL;
 }
@@ -620,11 +637,27 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
     all[comm->rank].ipc_ok = 1;
     all[comm->rank].offset = offset;
   }
-  ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
-  if (r != ncclSuccess) {
+  ncclResult_t r = ncclSuccess;
+  int remote = 0;
+  for (int k = 0; k < comm->nranks; k++)
+    remote |= rma_net_remote(comm, k);
+  /* Every rank with a peer on another host serves them; each knows
+   * before the all-gather which of its peers listen. */
+  if (remote && (r = rma_net_start(comm, &all[comm->rank].rma_addr)) == ncclSuccess)
+    all[comm->rank].rma_listen = 1;
+  uint64_t id = ++st->win_seq;
+  /* A rank whose service did not start still takes part in the
+   * all-gather, which the others wait in, and fails after it. */
+  ncclResult_t ra = bootstrap_allgather(comm->boot, all, sizeof *all);
+  if (r == ncclSuccess)
+    r = ra;
+  if (ra != ncclSuccess) {
     err_context("%s: exchanging the windows' descriptions", func);
-    comm_set_error(comm, r);
+    comm_set_error(comm, ra);
   }
+  for (int k = 0; r == ncclSuccess && k < comm->nranks; k++)
+    if (all[k].rma_listen && rma_net_remote(comm, k))
+      rma_net_peer(comm, k, &all[k].rma_addr);
   /* A symmetric window is one size everywhere: every rank sees every
    * size, so all refuse it together, whichever rank asked for it. */
   int sym = -1;
@@ -637,16 +670,22 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
                   "%s: rank %d registers its window with NCCL_WIN_COLL_SYMMETRIC, but rank %d's window is %llu bytes "
                   "and rank %d's %llu: a symmetric window has one size on every rank. Nothing was registered",
                   func, sym, k, (unsigned long long)all[k].size, sym, (unsigned long long)all[sym].size);
-  *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .comm = comm, .buff = buff, .size = size};
+  *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .id = id, .comm = comm, .buff = buff, .size = size};
   if (r == ncclSuccess)
     r = win_connect(comm, w, all);
   free(all);
+  pthread_mutex_lock(&st->lock);
+  if (r == ncclSuccess) {
+    w->next = st->wins;
+    st->wins = w;
+  }
+  st->win_done = id;
+  pthread_cond_broadcast(&st->win_cond);
+  pthread_mutex_unlock(&st->lock);
   if (r != ncclSuccess) {
     win_free(comm, w);
     return r;
   }
-  w->next = st->wins;
-  st->wins = w;
   win_global(w, 1);
   *win = (ncclWindow_t)(void *)w;
   return ncclSuccess;
@@ -688,11 +727,14 @@ static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
     err_context("%s: waiting for the other ranks", func);
     comm_set_error(comm, r);
   }
+  /* Once out of the list, the service writes no more into it. */
+  pthread_mutex_lock(&comm->rma->lock);
   for (struct rma_win **p = &comm->rma->wins; *p; p = &(*p)->next)
     if (*p == w) {
       *p = w->next;
       break;
     }
+  pthread_mutex_unlock(&comm->rma->lock);
   win_free(comm, w);
   return r;
 }

@@ -8,7 +8,9 @@
  * On a CUDA communicator the copy is queued on the stream and the counter
  * raised by a host function once the stream gets there; the wait is the
  * host's, so that what is queued after it starts after the signals.
- * Peers on other hosts are refused with a sentence: not built yet.
+ * A host communicator's peers on other hosts get puts and signals as
+ * frames to their one-sided service (comm_rma_net.c); a CUDA
+ * communicator's are refused with a sentence: not built yet.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -80,6 +82,8 @@ static void raise_cb(void *p) {
 static ncclResult_t raise_signal(struct ncclComm *comm, int peer, int sigIdx, int ctx, cudaStream_t stream,
                                  const char *func) {
   struct rma_state *st = comm->rma;
+  if (st->sig_peer[peer] == NULL && rma_net_remote(comm, peer))
+    return rma_net_send(comm, peer, 0, 0, NULL, 0, ctx, sigIdx, func);
   if (st->sig_peer[peer] == NULL)
     return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer,
                    st->sig_why[peer] ? st->sig_why[peer] : "its signals cannot be reached");
@@ -154,6 +158,9 @@ static ncclResult_t put_signal(const void *localbuff, size_t count, ncclDataType
     return err_set(ncclInvalidArgument,
                    "%s: %zu elements of %s at offset %zu do not fit in rank %d's window of %zu bytes. Nothing was done",
                    func, count, dtype_name(datatype), peerWinOffset, peer, pw->size);
+  /* Data and signal in one frame, in order behind what went before. */
+  if (rma_net_remote(comm, peer))
+    return rma_net_send(comm, peer, w->id, peerWinOffset, localbuff, count * esize, ctx, sigIdx, func);
   if (count > 0 && pw->ptr == NULL && pw->vm_pid == 0)
     return err_set(ncclInvalidUsage, "%s to rank %d: %s. Nothing was done", func, peer, pw->why);
   if (count > 0 && !comm->is_host)

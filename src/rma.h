@@ -11,9 +11,11 @@
 #ifndef LOOM_RMA_H
 #define LOOM_RMA_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "comm/comm.h"
+#include "misc/socket.h"
 
 /* The signal indices and contexts a one-sided call may name: NCCL 2.29
  * takes 0 only, 2.30 a few; Loom takes these. */
@@ -37,6 +39,7 @@ struct rma_peer_win {
 
 struct rma_win {
   uint64_t magic;
+  uint64_t id; /* numbers the communicator's registrations from 1, the same on every rank */
   struct ncclComm *comm;
   void *buff;
   size_t size;
@@ -59,6 +62,17 @@ struct rma_state {
   char **sig_why;                /* nranks: why not reachable */
   uint64_t *consumed;
   struct rma_win *wins;
+  uint64_t win_seq;
+  /* Held while the list of windows changes and while the service for
+   * peers on other hosts (comm_rma_net.c) writes into a window. A peer
+   * may put into a window as soon as its own registration returns, before
+   * this rank's has: the service waits (win_cond) until win_done, the
+   * last registration this rank has finished, reaches the window's id. */
+  pthread_mutex_t lock;
+  pthread_cond_t win_cond;
+  uint64_t win_done;
+  int net_stopping;
+  struct rma_net *net; /* that service; NULL: none */
   /* CUDA communicators: signals queued on streams (cudaLaunchHostFunc)
    * and not yet raised; destroy waits for them, since they write into
    * the peers' counters this state maps. */
@@ -84,6 +98,19 @@ ncclResult_t rma_win_lookup(struct ncclComm *comm, ncclWindow_t win, const char 
 /* The communicator of window `win` (NULL where it is none), found
  * without reading *win: any pointer may be asked. */
 struct ncclComm *rma_win_owner(ncclWindow_t win);
+
+/* Host communicators, peers on other hosts (comm_rma_net.c): whether
+ * `peer` is one; the service, started at the first window registration
+ * (its address in *addr); a peer's service address as the registration
+ * told it; a put (win_id 0, bytes 0: a signal alone) as one frame to the
+ * peer's service, which writes and raises the counter; the service
+ * stopped and its connections closed (destroy). */
+int rma_net_remote(const struct ncclComm *comm, int peer);
+ncclResult_t rma_net_start(struct ncclComm *comm, union sock_addr *addr);
+void rma_net_peer(struct ncclComm *comm, int peer, const union sock_addr *addr);
+ncclResult_t rma_net_send(struct ncclComm *comm, int peer, uint64_t win_id, size_t offset, const void *data,
+                          size_t bytes, int ctx, int sig, const char *func);
+void rma_net_stop(struct ncclComm *comm);
 
 /* Frees what the communicator's windows and signals hold (destroy). */
 void rma_destroy(struct ncclComm *comm);

@@ -4,9 +4,10 @@
  * by every rank together, puts with signals from every rank to every
  * rank, signals without data, waits that consume what they wait for, the
  * peers' windows loaded and stored through ncclGetPeerDevicePointer;
- * windows on malloc memory, peers on other hosts and bad arguments
- * refused with a sentence; a wait for a signal never sent fails after
- * LOOM_TIMEOUT naming the peer, and a wait on a peer that died says so.
+ * windows on malloc memory and bad arguments refused with a sentence,
+ * and a pointer to a window on another host too; a wait for a signal
+ * never sent fails after LOOM_TIMEOUT naming the peer, and a wait on a
+ * peer that died says so.
  * CUDA communicators (gpu_rma_put_signal, in the emulation): windows by
  * CUDA IPC, puts and signals queued on the stream.
  */
@@ -449,9 +450,10 @@ TEST_IMPL(rma_wait_dead_peer) {
   return run_ranks(2, dead_rank, NULL);
 }
 
-/* Ranks on hosts of their own (NCCL_HOSTID): a window from ncclMemAlloc
- * is still out of reach of the other host, and the calls say so; the
- * rank's own window works. */
+/* Ranks on hosts of their own (NCCL_HOSTID): a put and a signal reach
+ * the other host's window through its one-sided service
+ * (test_rma_net.c has more); its window's pointer is refused, since no
+ * load or store reaches another host; the rank's own window works. */
 static int hosts_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   char host[32];
@@ -459,29 +461,34 @@ static int hosts_rank(int rank, int n, ncclUniqueId id, void *arg) {
   setenv("NCCL_HOSTID", host, 1);
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
-  int32_t *buf, x = 5;
+  int peer = 1 - rank;
+  /* The peer's service address comes with the first registration. */
+  SAYS(comm, ncclSignal(peer, 0, 0, 0, comm, NULL), ncclInvalidUsage, "register one");
+  int32_t *buf, x = 5, y = 70 + rank;
   RCHECK(comm, ncclMemAlloc((void **)&buf, 4096));
   ncclWindow_t win;
   RCHECK(comm, ncclCommWindowRegister(comm, buf, 4096, &win, 0));
-  int peer = 1 - rank;
   void *p;
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   RCHECK(comm, ncclCommQueryProperties(comm, &props));
   RASSERT(!props.hostRmaSupport, "two hosts: hostRmaSupport should be false");
-  SAYS(comm, ncclPutSignal(&x, 1, ncclInt32, peer, win, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "another host");
-  SAYS(comm, ncclSignal(peer, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclSend and ncclRecv");
   SAYS(comm, ncclGetPeerDevicePointer(win, 0, peer, &p), ncclInvalidUsage, "another host");
+  RCHECK(comm, ncclPutSignal(&y, 1, ncclInt32, peer, win, sizeof(int32_t), 0, 0, 0, comm, NULL));
+  RCHECK(comm, ncclSignal(peer, 2, 0, 0, comm, NULL));
   RCHECK(comm, ncclPutSignal(&x, 1, ncclInt32, rank, win, 0, 0, 0, 0, comm, NULL));
-  ncclWaitSignalDesc_t d = {.opCnt = 1, .peer = rank, .sigIdx = 0, .ctx = 0};
-  RCHECK(comm, ncclWaitSignal(1, &d, comm, NULL));
+  ncclWaitSignalDesc_t d[3] = {{.opCnt = 1, .peer = rank, .sigIdx = 0, .ctx = 0},
+                               {.opCnt = 1, .peer = peer, .sigIdx = 0, .ctx = 0},
+                               {.opCnt = 1, .peer = peer, .sigIdx = 2, .ctx = 0}};
+  RCHECK(comm, ncclWaitSignal(3, d, comm, NULL));
   RASSERT(buf[0] == 5, "the put to itself wrote %d", buf[0]);
+  RASSERT(buf[1] == 70 + peer, "rank %d's put from another host wrote %d", peer, buf[1]);
   RCHECK(comm, ncclCommWindowDeregister(comm, win));
   RCHECK(comm, ncclMemFree(buf));
   RCHECK(comm, ncclCommDestroy(comm));
   return 0;
 }
 
-TEST_IMPL(rma_other_host_refused) {
+TEST_IMPL(rma_other_host) {
   setenv("LOOM_DEVICE", "host", 1);
   return run_ranks(2, hosts_rank, NULL);
 }
