@@ -108,7 +108,10 @@ static void serve_frame(struct rma_net *n, int from, const struct boot_msg *m) {
       pthread_cond_wait(&st->win_cond, &st->lock);
     }
     if (w == NULL || f.offset > w->size || f.bytes > w->size - f.offset) {
+      int stopping = st->net_stopping;
       pthread_mutex_unlock(&st->lock);
+      if (w == NULL && stopping)
+        return; /* the communicator goes: the frame with it */
       if (w == NULL)
         WARN("rank %d: refused a put of %llu bytes from rank %d: its window (id %llu) is not registered here (any "
              "more)",
@@ -207,6 +210,14 @@ static void *serve(void *arg) {
     }
     if (p[1].revents & POLLIN) {
       int fd = accept4(n->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      /* Full: the greeting that has waited longest makes room, so a
+       * flood of silent strangers cannot lock the ranks out. */
+      int oldest = -1;
+      for (int i = 0; fd >= 0 && n->nin >= RMA_NET_MAX_CONNS && i < n->nin; i++)
+        if (n->in[i]->state != BC_OPEN && (oldest < 0 || n->in[i]->last_rx < n->in[oldest]->last_rx))
+          oldest = i;
+      if (oldest >= 0)
+        drop_in(n, oldest);
       if (fd >= 0 && n->nin >= RMA_NET_MAX_CONNS) {
         close(fd);
       } else if (fd >= 0) {

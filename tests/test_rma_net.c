@@ -29,7 +29,9 @@ static void own_host(int rank) {
 
 enum { BIG = 8 << 20, NR = 3 };
 
-static uint32_t word(int from, int to, size_t i) { return (uint32_t)(from * 0x1000000u + to * 0x100000u) ^ (uint32_t)i; }
+static uint32_t word(int from, int to, size_t i) {
+  return (uint32_t)(from * 0x1000000u + to * 0x100000u) ^ (uint32_t)i;
+}
 
 /* Rank r's window has a slot of BIG bytes per sender. */
 static int all_rank(int rank, int n, ncclUniqueId id, void *arg) {
