@@ -288,7 +288,7 @@ static void seg_reach(struct ncclComm *comm, int peer, const struct seg_desc *d,
   } else if (p->host_hash != me->host_hash) {
     snprintf(buf, sizeof buf,
              "rank %d is on another host (%s): one-sided operations to a peer on another host are not implemented "
-             "yet in Loom on CUDA communicators; use ncclSend and ncclRecv",
+             "yet in Loom on CUDA communicators (host communicators have them); use ncclSend and ncclRecv",
              peer, p->hostname);
   } else if (d->seg_size == 0) {
     snprintf(buf, sizeof buf,
@@ -552,7 +552,7 @@ static void win_reach_cuda(struct ncclComm *comm, int peer, const struct seg_des
   if (p->host_hash != me->host_hash) {
     snprintf(buf, sizeof buf,
              "rank %d is on another host (%s): one-sided operations to a peer on another host are not implemented "
-             "yet in Loom; use ncclSend and ncclRecv",
+             "yet in Loom on CUDA communicators (host communicators have them); use ncclSend and ncclRecv",
              peer, p->hostname);
   } else if (!d->ipc_ok) {
     snprintf(buf, sizeof buf,

@@ -412,6 +412,7 @@ TEST(rma_net_stranger, 60)
 TEST(rma_net_dead_peer, 60)
 TEST(gpu_rma_put_signal, 60)
 TEST(gpu_rma_threads, 60)
+TEST(gpu_rma_other_host_refused, 60)
 TEST(gpu_revoke_kernel, 90)
 /* ncclCommSuspend, ncclCommResume, ncclCommMemStats (test_suspend.c). */
 TEST(suspend_shm_3, 60)

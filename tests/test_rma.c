@@ -675,7 +675,41 @@ TEST_IMPL(gpu_rma_threads) {
   NEED_GPU();
   return run_rank_threads(2, cuda_thread_rank, NULL);
 }
+
+/* CUDA communicators whose ranks are on hosts of their own: puts and
+ * signals across hosts are host communicators' only, refused here with
+ * the sentence; the pointer too. */
+static int cuda_hosts_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  (void)arg;
+  char host[32];
+  snprintf(host, sizeof host, "rmagpuhost%d", rank);
+  setenv("NCCL_HOSTID", host, 1);
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  RASSERT(tbuf_is_cuda(comm), "not a CUDA communicator");
+  int32_t *win_d;
+  RCHECK(comm, ncclMemAlloc((void **)&win_d, 4096));
+  ncclWindow_t win;
+  RCHECK(comm, ncclCommWindowRegister(comm, win_d, 4096, &win, 0));
+  int peer = 1 - rank;
+  void *p;
+  SAYS(comm, ncclPutSignal(win_d, 1, ncclInt32, peer, win, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage,
+       "not implemented yet");
+  SAYS(comm, ncclSignal(peer, 0, 0, 0, comm, NULL), ncclInvalidUsage, "not implemented yet");
+  SAYS(comm, ncclGetPeerDevicePointer(win, 0, peer, &p), ncclInvalidUsage, "another host");
+  RCHECK(comm, ncclCommWindowDeregister(comm, win));
+  RCHECK(comm, ncclMemFree(win_d));
+  RCHECK(comm, ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST_IMPL(gpu_rma_other_host_refused) {
+  NEED_GPU();
+  return run_ranks(2, cuda_hosts_rank, NULL);
+}
 #else
 NO_CUDA(gpu_rma_put_signal)
 NO_CUDA(gpu_rma_threads)
+NO_CUDA(gpu_rma_other_host_refused)
 #endif
