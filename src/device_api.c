@@ -169,9 +169,10 @@ NCCL_API(ncclResult_t, ncclCommQueryProperties, ncclComm_t comm, ncclCommPropert
   for (int first = 0, n; first < comm->nranks; first += n, teams++)
     lsa_block(comm, first, &(int){0}, &n);
   p.nLsaTeams = teams;
-  /* ncclPutSignal and its kin work between ranks of one host
-   * (comm_rma.c); across hosts they refuse. */
-  p.hostRmaSupport = comm->nhosts == 1;
+  /* ncclPutSignal and its kin work between any ranks of a host
+   * communicator (comm_rma.c, comm_rma_net.c), and between ranks of one
+   * host of a CUDA one; across hosts a CUDA one refuses. */
+  p.hostRmaSupport = comm->is_host || comm->nhosts == 1;
   p.railedGinType = NCCL_GIN_TYPE_NONE;
   /* Only what the caller's layout holds: an older one is shorter. */
   size_t n = props->size < sizeof p ? props->size : sizeof p;

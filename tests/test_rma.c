@@ -471,7 +471,7 @@ static int hosts_rank(int rank, int n, ncclUniqueId id, void *arg) {
   void *p;
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   RCHECK(comm, ncclCommQueryProperties(comm, &props));
-  RASSERT(!props.hostRmaSupport, "two hosts: hostRmaSupport should be false");
+  RASSERT(props.hostRmaSupport, "a host communicator on two hosts: hostRmaSupport should be true");
   SAYS(comm, ncclGetPeerDevicePointer(win, 0, peer, &p), ncclInvalidUsage, "another host");
   RCHECK(comm, ncclPutSignal(&y, 1, ncclInt32, peer, win, sizeof(int32_t), 0, 0, 0, comm, NULL));
   RCHECK(comm, ncclSignal(peer, 2, 0, 0, comm, NULL));
