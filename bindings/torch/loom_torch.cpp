@@ -302,11 +302,17 @@ public:
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
                                                      std::vector<at::Tensor> &inputs,
                                                      const c10d::AllgatherOptions &opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: allgather_coalesced has ", inputs.size(),
-                " inputs but ", outputs.size(), " output lists");
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    // c10d's contract: one output list per rank, outputs[r][i] receiving
+    // rank r's input i (not one list per input).
+    TORCH_CHECK((int)outputs.size() == size_, "loom backend: all_gather_coalesced has ", outputs.size(),
+                " output lists but the group has ", size_, " ranks: it takes one list per rank");
+    for (size_t r = 0; r < outputs.size(); r++)
+      TORCH_CHECK(outputs[r].size() == inputs.size(), "loom backend: all_gather_coalesced's output list for rank ",
+                  r, " has ", outputs[r].size(), " tensors but there are ", inputs.size(), " inputs");
     for (size_t i = 0; i < inputs.size(); i++) {
-      std::vector<std::vector<at::Tensor>> o{outputs[i]};
+      std::vector<std::vector<at::Tensor>> o(1);
+      for (size_t r = 0; r < outputs.size(); r++)
+        o[0].push_back(outputs[r][i]);
       std::vector<at::Tensor> in{inputs[i]};
       auto w = allgather(o, in, opts);
       w->wait();

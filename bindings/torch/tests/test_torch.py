@@ -181,6 +181,20 @@ def _all_gather(rank, p):
         _check(big2, torch.stack([_values(dt, N, r) for r in range(p)]), f"all_gather_into_tensor 2-D {dt}")
 
 
+def _all_gather_coalesced(rank, p):
+    # c10d's contract: outs[r][i] receives rank r's input i. With as many
+    # inputs as ranks, a list per input instead would pass its size checks
+    # and come out transposed: each input here differs by rank and index.
+    for n_in in (1, p, p + 1):
+        ins = [_values(torch.float32, N + i, rank * 10 + i) for i in range(n_in)]
+        outs = [[torch.empty(N + i) for i in range(n_in)] for _ in range(p)]
+        dist.all_gather_coalesced(outs, ins)
+        for r in range(p):
+            for i in range(n_in):
+                _check(outs[r][i], _values(torch.float32, N + i, r * 10 + i),
+                       f"all_gather_coalesced with {n_in} inputs: rank {r}'s input {i}")
+
+
 def _reduce_scatter(rank, p):
     for dt in DTYPES:
         for op in ("sum", "max", "min"):
@@ -316,6 +330,8 @@ def test_all_reduce_4(): run_ranks(4, _all_reduce)  # noqa: E704
 def test_all_gather_2(): run_ranks(2, _all_gather)  # noqa: E704
 def test_all_gather_3(): run_ranks(3, _all_gather)  # noqa: E704
 def test_all_gather_4(): run_ranks(4, _all_gather)  # noqa: E704
+def test_all_gather_coalesced_2(): run_ranks(2, _all_gather_coalesced)  # noqa: E704
+def test_all_gather_coalesced_3(): run_ranks(3, _all_gather_coalesced)  # noqa: E704
 def test_reduce_scatter_2(): run_ranks(2, _reduce_scatter)  # noqa: E704
 def test_reduce_scatter_3(): run_ranks(3, _reduce_scatter)  # noqa: E704
 def test_reduce_scatter_4(): run_ranks(4, _reduce_scatter)  # noqa: E704
