@@ -4,12 +4,16 @@
  * ranks), the ranks form one communicator whose collectives are right,
  * and ranks that disagree on the ids fail with a sentence that says so.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "nccl.h"
+#include "sanitizer.h"
 #include "test.h"
 
 enum { MAX_IDS = 8 };
@@ -18,6 +22,7 @@ struct scal {
   int nids;
   ncclUniqueId ids[MAX_IDS];
   int swap_rank; /* this rank passes ids 0 and 1 swapped; -1: none */
+  int same;      /* every id is the first */
 };
 
 /* AllReduce and AllGather on the new communicator: the ring the roots
@@ -59,13 +64,54 @@ static int scal_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
   return 0;
 }
 
-/* The roots run in this process, as they would in the ranks that called
- * ncclGetUniqueId; the ranks are its children. */
+/* The ranks are forked first and the ids made after, so that the roots
+ * run in this process, as they would in the ranks that called
+ * ncclGetUniqueId, and no rank is forked while a root thread is busy
+ * (LeakSanitizer in the child would count that thread's OpenSSL state,
+ * held where no thread of the child can reach it, as a leak). */
+static int run_scal(int nranks, struct scal *s, rank_fn fn) {
+  pid_t pids[32];
+  int pipes[32][2];
+  ASSERT(nranks <= 32);
+  fflush(stdout);
+  fflush(stderr);
+  for (int r = 0; r < nranks; r++) {
+    ASSERT(pipe(pipes[r]) == 0);
+    pids[r] = fork();
+    ASSERT(pids[r] >= 0);
+    if (pids[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      sanitizer_settle();
+      for (int q = 0; q < r; q++)
+        close(pipes[q][1]);
+      close(pipes[r][1]);
+      if (harness_read_all(pipes[r][0], s->ids, sizeof s->ids) != 0)
+        _exit(2);
+      close(pipes[r][0]);
+      ncclUniqueId unused;
+      memset(&unused, 0, sizeof unused);
+      int rc = sanitizer_leak_check(fn(r, nranks, unused, s));
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    close(pipes[r][0]);
+  }
+  for (int i = 0; i < s->nids; i++)
+    if (i == 0 || !s->same)
+      ASSERT_OK(ncclGetUniqueId(&s->ids[i]));
+    else
+      s->ids[i] = s->ids[0];
+  for (int r = 0; r < nranks; r++) {
+    ASSERT(harness_write_all(pipes[r][1], s->ids, sizeof s->ids) == 0);
+    close(pipes[r][1]);
+  }
+  return wait_ranks(nranks, pids);
+}
+
 static int scalable(int nranks, int nids) {
   struct scal s = {.nids = nids, .swap_rank = -1};
-  for (int i = 0; i < nids; i++)
-    ASSERT_OK(ncclGetUniqueId(&s.ids[i]));
-  return run_ranks(nranks, scal_rank, &s);
+  return run_scal(nranks, &s, scal_rank);
 }
 
 TEST_IMPL(scalable_ids_3_of_7) { return scalable(7, 3); }
@@ -75,10 +121,8 @@ TEST_IMPL(scalable_ids_5_of_24) { return scalable(24, 5); }
 /* One id passed three times (NCCL_COMM_ID gives every caller the same)
  * is one root serving everyone. */
 TEST_IMPL(scalable_ids_same_id) {
-  struct scal s = {.nids = 3, .swap_rank = -1};
-  ASSERT_OK(ncclGetUniqueId(&s.ids[0]));
-  s.ids[1] = s.ids[2] = s.ids[0];
-  return run_ranks(3, scal_rank, &s);
+  struct scal s = {.nids = 3, .swap_rank = -1, .same = 1};
+  return run_scal(3, &s, scal_rank);
 }
 
 static int order_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
@@ -109,9 +153,7 @@ static int order_rank(int rank, int nranks, ncclUniqueId id, void *arg) {
 TEST_IMPL(scalable_ids_order_mismatch) {
   setenv("LOOM_TIMEOUT", "30", 1);
   struct scal s = {.nids = 2, .swap_rank = 1};
-  for (int i = 0; i < 2; i++)
-    ASSERT_OK(ncclGetUniqueId(&s.ids[i]));
-  return run_ranks(2, order_rank, &s);
+  return run_scal(2, &s, order_rank);
 }
 
 TEST_IMPL(scalable_ids_bad_args) {
