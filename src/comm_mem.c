@@ -718,11 +718,7 @@ static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
   }
   /* Collective, as its registration: no peer puts into the window once
    * any rank has returned from here. */
-  int32_t *words = calloc((size_t)comm->nranks, sizeof *words);
-  if (!words)
-    return err_set(ncclSystemError, "%s: out of memory", func);
-  ncclResult_t r = bootstrap_allgather(comm->boot, words, sizeof *words);
-  free(words);
+  ncclResult_t r = bootstrap_barrier(comm->boot, func);
   if (r != ncclSuccess) {
     err_context("%s: waiting for the other ranks", func);
     comm_set_error(comm, r);

@@ -78,11 +78,7 @@ static void note_conn(struct conn *c, void *arg) {
  * when its result is there; a CUDA rank has waited for its kernels and
  * its network sends to leave), so no rank frees what a peer still reads. */
 static ncclResult_t barrier(struct ncclComm *comm, const char *func) {
-  int32_t *all;
-  CHECK(UTIL_CALLOC(&all, comm->nranks, func));
-  all[comm->rank] = comm->rank;
-  ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
-  free(all);
+  ncclResult_t r = bootstrap_barrier(comm->boot, func);
   if (r != ncclSuccess)
     err_context("rank %d: %s waits for every rank of the communicator to call it", comm->rank, func);
   return r;

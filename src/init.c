@@ -86,11 +86,7 @@ static ncclResult_t connect_cuda(struct ncclComm *comm) {
     return ncclSuccess;
   CHECK(plan_connect_collectives(comm));
   CHECK(transport_connect_pending(&comm, 1));
-  int32_t *all;
-  CHECK(UTIL_CALLOC(&all, comm->nranks, "the end of init"));
-  ncclResult_t r = bootstrap_allgather(comm->boot, all, sizeof *all);
-  free(all);
-  return r;
+  return bootstrap_barrier(comm->boot, "the end of init");
 }
 
 static ncclResult_t check_peers(struct ncclComm *comm) {

@@ -663,6 +663,14 @@ ncclResult_t bootstrap_allgather(struct bootstrap *b, void *data, size_t size) {
   return ncclSuccess;
 }
 
+ncclResult_t bootstrap_barrier(struct bootstrap *b, const char *what) {
+  int32_t *words;
+  CHECK(UTIL_CALLOC(&words, b->nranks, what));
+  ncclResult_t r = bootstrap_allgather(b, words, sizeof *words);
+  free(words);
+  return r;
+}
+
 void bootstrap_close(struct bootstrap *b) {
   if (!b)
     return;

@@ -160,5 +160,8 @@ ncclResult_t bootstrap_recv(struct bootstrap *b, int peer, uint64_t tag, void *d
 
 /* `data` has nranks slots of `size` bytes; this rank's slot is filled. */
 ncclResult_t bootstrap_allgather(struct bootstrap *b, void *data, size_t size);
+/* Returns once every rank has called it (an all-gather of one word);
+ * `what` names the call in an out-of-memory sentence. */
+ncclResult_t bootstrap_barrier(struct bootstrap *b, const char *what);
 
 #endif
