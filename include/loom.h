@@ -43,6 +43,15 @@ ncclResult_t loomCommChannels(ncclComm_t comm, int *nchannels);
  * and diagnostics. */
 ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const char **name);
 
+/* Bitwise AND, OR and XOR reductions, for ncclAllReduce, ncclReduce and
+ * ncclReduceScatter on integer types (int8, uint8, int32, uint32, int64,
+ * uint64) of host communicators. Fixed values at the top of ncclRedOp_t's
+ * range, which Loom reserves (0x7ffffff0..0x7fffffff): they never collide
+ * with ncclRedOpCreatePreMulSum's handles, and need no creating. */
+#define loomBand ((ncclRedOp_t)0x7ffffff0)
+#define loomBor ((ncclRedOp_t)0x7ffffff1)
+#define loomBxor ((ncclRedOp_t)0x7ffffff2)
+
 #ifdef __cplusplus
 }
 #endif

@@ -47,8 +47,9 @@ static void item_of(const struct task *t, struct call_item *it) {
   it->coll = (uint8_t)t->coll;
   it->dtype = (uint8_t)t->dtype;
   /* Operators made by ncclRedOpCreatePreMulSum have per-rank handles and
-   * scalars: only their being one must agree. */
-  it->op = (uint8_t)(t->op >= 0 && t->op < ncclNumOps ? t->op : ncclNumOps);
+   * scalars: only their being one must agree. Loom's bitwise operators
+   * have codes of their own. */
+  it->op = (uint8_t)red_op_code(t->op);
 }
 
 static int is_coll(const struct task *t) { return t->coll != COLL_SEND && t->coll != COLL_RECV; }
@@ -80,7 +81,7 @@ static int same_call(const struct call_desc *a, const struct call_desc *b) {
 }
 
 static void item_describe(const struct call_item *it, char *buf, size_t len) {
-  struct task t = {.coll = it->coll, .count = it->count, .dtype = it->dtype, .op = it->op, .root = it->root, .peer = -1};
+  struct task t = {.coll = it->coll, .count = it->count, .dtype = it->dtype, .op = red_code_op(it->op), .root = it->root, .peer = -1};
   task_describe(&t, buf, len);
 }
 

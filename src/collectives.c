@@ -41,6 +41,17 @@ static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char
     r->kind = op; /* ncclSum..ncclMin match red_kind */
     return ncclSuccess;
   }
+  if (red_op_is_bitwise(op)) {
+    const char *name = op == (int)loomBand ? "loomBand" : op == (int)loomBor ? "loomBor" : "loomBxor";
+    if (dtype_is_float(t->dtype))
+      return err_set(ncclInvalidArgument, "%s: %s is a bitwise operator, for integer datatypes only, and the call's "
+                     "datatype is %s", func, name, dtype_name(t->dtype));
+    if (!comm->is_host)
+      return err_set(ncclInvalidArgument, "%s: %s is not implemented in Loom on CUDA communicators (host "
+                     "communicators have it)", func, name);
+    r->kind = RED_BAND + (op - (int)loomBand);
+    return ncclSuccess;
+  }
   r->kind = RED_SUM;
   if (op == ncclAvg) {
     if (dtype_is_float(t->dtype)) {
@@ -59,7 +70,8 @@ static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char
   int slot = op - ncclNumOps;
   if (op < 0 || slot >= comm->n_user_ops || !comm->user_ops[slot].in_use)
     return err_set(ncclInvalidArgument,
-                   "%s: op %d is neither a built-in ncclRedOp_t nor an operator created on this communicator", func, op);
+                   "%s: op %d is neither a built-in ncclRedOp_t, nor Loom's loomBand, loomBor or loomBxor, nor an "
+                   "operator created on this communicator", func, op);
   const struct user_op *u = &comm->user_ops[slot];
   if (u->dtype != t->dtype)
     return err_set(ncclInvalidArgument, "%s: the PreMulSum operator %d was created for %s but the call uses %s", func,

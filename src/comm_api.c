@@ -266,7 +266,8 @@ NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t *op, void *scalar, 
       slot = i;
   if (slot < 0) {
     int n = comm->n_user_ops ? comm->n_user_ops * 2 : 8;
-    if (n > ncclMaxRedOp - ncclNumOps)
+    /* Handles stop below the range reserved for Loom's own operators. */
+    if (n > RED_OP_RESERVED_FIRST - ncclNumOps)
       return api_finish(comm, err_set(ncclInvalidUsage, "ncclRedOpCreatePreMulSum: too many operators"));
     struct user_op *ops = realloc(comm->user_ops, sizeof *ops * n);
     if (!ops)
@@ -300,6 +301,9 @@ NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
     return api_finish(comm, r);
   if ((int)op >= 0 && (int)op < ncclNumOps)
     return api_finish(comm, err_set(ncclInvalidArgument, "ncclRedOpDestroy: op %d is a built-in operator", (int)op));
+  if (red_op_is_bitwise((int)op))
+    return api_finish(comm, err_set(ncclInvalidArgument, "ncclRedOpDestroy: op %d is one of Loom's built-in "
+                                    "bitwise operators", (int)op));
   int slot = (int)op - ncclNumOps;
   if ((int)op < 0 || slot >= comm->n_user_ops || !comm->user_ops[slot].in_use)
     return api_finish(comm, err_set(ncclInvalidArgument,

@@ -155,7 +155,6 @@ static void put_op(struct line *l, const struct status_op *o) {
     put(l, "no operation");
     return;
   }
-  static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
   put(l, coll_name(o->coll));
   if (o->seq != ~0ull) {
     put(l, " #");
@@ -167,7 +166,7 @@ static void put_op(struct line *l, const struct status_op *o) {
   put(l, dtype_name(o->dtype));
   if (o->coll == COLL_REDUCE || o->coll == COLL_ALLREDUCE || o->coll == COLL_REDUCESCATTER) {
     put(l, ", ");
-    put(l, o->op >= 0 && o->op < ncclNumOps ? ops[o->op] : "premulsum");
+    put(l, red_op_name(o->op));
   }
   if (o->coll == COLL_REDUCE || o->coll == COLL_BROADCAST) {
     put(l, ", root ");

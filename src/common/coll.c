@@ -18,8 +18,7 @@ const char *coll_via_name(enum coll_via via) {
 }
 
 void task_describe(const struct task *t, char *buf, size_t len) {
-  static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
-  const char *op = t->op >= 0 && t->op < ncclNumOps ? ops[t->op] : "premulsum";
+  const char *op = red_op_name(t->op);
   switch (t->coll) {
   case COLL_SEND:
   case COLL_RECV:

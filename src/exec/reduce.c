@@ -24,6 +24,8 @@
  *   premul); when they do, a slow path divides in double after the loop.
  * - premul with Max, Min or Prod multiplies b before combining, through a
  *   buffer on the stack; the API only ever pairs premul with Sum.
+ * - AND, OR and XOR (Loom's bitwise operators) exist for the integer types
+ *   only, and never carry premul or postdiv.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "exec/reduce.h"
@@ -257,14 +259,17 @@ INLINE uint8_t fe5m2(float f) {
     name##_blk(d + i, OFF(d2, i), a + i, n - i, s);                                                \
   }
 
-/* Sum, Prod and the scalar's multiply are the same bits for signed and
- * unsigned integers, so only the unsigned loops exist. The casts bring
+/* Sum, Prod, the scalar's multiply and the bitwise operators are the same
+ * bits for signed and unsigned integers, so only the unsigned loops exist. The casts bring
  * uint8's promotion to int back to 8 bits. */
 #define UINT_LOOPS(t, ST, T)                                                                       \
   RED(t##_sum, ST, T, T, S_NONE, ID, ID, (T)(x + y))                                               \
   RED(t##_prod, ST, T, T, S_NONE, ID, ID, (T)(x * y))                                              \
   RED(t##_pmsum, ST, T, T, S_U, ID, ID, (T)(x + y * s))                                            \
-  MAP(t##_mul, ST, T, T, S_U, ID, ID, (T)(x * s))
+  MAP(t##_mul, ST, T, T, S_U, ID, ID, (T)(x * s))                                                  \
+  RED(t##_band, ST, T, T, S_NONE, ID, ID, (T)(x & y))                                              \
+  RED(t##_bor, ST, T, T, S_NONE, ID, ID, (T)(x | y))                                               \
+  RED(t##_bxor, ST, T, T, S_NONE, ID, ID, (T)(x ^ y))
 
 #define ORD_LOOPS(t, ST, T)                                                                        \
   RED(t##_max, ST, T, T, S_NONE, ID, ID, x > y ? x : y)                                            \
@@ -358,19 +363,19 @@ typedef void red_fn(void *, void *, const void *, const void *, size_t, const st
 typedef void map_fn(void *, void *, const void *, size_t, const struct red_op *);
 
 struct kset {
-  red_fn *red[4]; /* by enum red_kind */
+  red_fn *red[7]; /* by enum red_kind; the bitwise ones NULL for floats */
   red_fn *pmsum;  /* a + b * scalar */
   map_fn *mul;    /* src * scalar */
   map_fn *div;    /* src / divisor; NULL for floats */
 };
 
 static const struct kset kern[ncclNumTypes] = {
-    [ncclInt8] = {{u8_sum, u8_prod, i8_max, i8_min}, u8_pmsum, u8_mul, i8_div},
-    [ncclUint8] = {{u8_sum, u8_prod, u8_max, u8_min}, u8_pmsum, u8_mul, u8_div},
-    [ncclInt32] = {{u32_sum, u32_prod, i32_max, i32_min}, u32_pmsum, u32_mul, i32_div},
-    [ncclUint32] = {{u32_sum, u32_prod, u32_max, u32_min}, u32_pmsum, u32_mul, u32_div},
-    [ncclInt64] = {{u64_sum, u64_prod, i64_max, i64_min}, u64_pmsum, u64_mul, i64_div},
-    [ncclUint64] = {{u64_sum, u64_prod, u64_max, u64_min}, u64_pmsum, u64_mul, u64_div},
+    [ncclInt8] = {{u8_sum, u8_prod, i8_max, i8_min, u8_band, u8_bor, u8_bxor}, u8_pmsum, u8_mul, i8_div},
+    [ncclUint8] = {{u8_sum, u8_prod, u8_max, u8_min, u8_band, u8_bor, u8_bxor}, u8_pmsum, u8_mul, u8_div},
+    [ncclInt32] = {{u32_sum, u32_prod, i32_max, i32_min, u32_band, u32_bor, u32_bxor}, u32_pmsum, u32_mul, i32_div},
+    [ncclUint32] = {{u32_sum, u32_prod, u32_max, u32_min, u32_band, u32_bor, u32_bxor}, u32_pmsum, u32_mul, u32_div},
+    [ncclInt64] = {{u64_sum, u64_prod, i64_max, i64_min, u64_band, u64_bor, u64_bxor}, u64_pmsum, u64_mul, i64_div},
+    [ncclUint64] = {{u64_sum, u64_prod, u64_max, u64_min, u64_band, u64_bor, u64_bxor}, u64_pmsum, u64_mul, u64_div},
     [ncclFloat16] = {{f16_sum, f16_prod, f16_max, f16_min}, f16_pmsum, f16_mul, NULL},
     [ncclFloat32] = {{f32_sum, f32_prod, f32_max, f32_min}, f32_pmsum, f32_mul, NULL},
     [ncclFloat64] = {{f64_sum, f64_prod, f64_max, f64_min}, f64_pmsum, f64_mul, NULL},
@@ -404,8 +409,11 @@ static const struct kset *kset_of(int dtype) {
   return &kern[dtype];
 }
 
+/* The API refuses what has no kernel (a bitwise op on a float); the
+ * executor then has nothing to do that it cannot. */
 static int op_ok(const struct red_op *op) {
-  return op->dtype >= 0 && op->dtype < ncclNumTypes && op->kind >= RED_SUM && op->kind <= RED_MIN;
+  return op->dtype >= 0 && op->dtype < ncclNumTypes && op->kind >= RED_SUM && op->kind <= RED_BXOR &&
+         kern[op->dtype].red[op->kind] && (!op->premul || op->kind <= RED_MIN);
 }
 
 static int divides(const struct red_op *op, int final) { return final && op->postdiv && op->divisor > 1; }

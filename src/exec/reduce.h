@@ -1,6 +1,7 @@
 /*
  * The reduction kernels of the host executor: every datatype with Sum,
- * Prod, Max and Min, plus the two modifiers NCCL's Avg and PreMulSum need
+ * Prod, Max and Min, the integer types with Loom's bitwise AND, OR and XOR,
+ * plus the two modifiers NCCL's Avg and PreMulSum need
  * (multiply the local input by a scalar where it enters the reduction;
  * divide the final result by an integer). fp16, bf16 and fp8 are computed in
  * fp32 and rounded once per call.

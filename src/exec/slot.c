@@ -14,13 +14,10 @@ static uint8_t op_code(const struct task *t) {
     return (uint8_t)t->via;
   if (t->coll == COLL_BROADCAST || t->coll == COLL_ALLGATHER)
     return 0;
-  return t->op < ncclNumOps ? (uint8_t)t->op : (uint8_t)ncclNumOps;
+  return (uint8_t)red_op_code(t->op);
 }
 
-static const char *op_label(int code) {
-  static const char *names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-  return code >= 0 && code <= ncclNumOps ? names[code] : "?";
-}
+static const char *op_label(int code) { return red_code_name(code); }
 
 void slot_describe(const struct slot_hdr *h, char *buf, size_t len) {
   int coll = h->coll;

@@ -14,7 +14,7 @@ struct slot_hdr {
   uint32_t bytes;  /* payload bytes in this slot */
   uint8_t coll;    /* enum coll_kind */
   uint8_t dtype;
-  uint8_t op;      /* built-in op, or ncclNumOps for a user op */
+  uint8_t op;      /* red_op_code of the op (common/red_op.h) */
   uint8_t where;   /* enum slot_where */
   int32_t root;
   uint32_t sender; /* rank that wrote the slot */
