@@ -52,6 +52,20 @@ ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const char **name)
 #define loomBor ((ncclRedOp_t)0x7ffffff1)
 #define loomBxor ((ncclRedOp_t)0x7ffffff2)
 
+/* This rank's bound on the waits of `comm` (collectives, send/recv,
+ * connection set-up, one-sided waits, its bootstrap barriers and
+ * all-gathers), in place of LOOM_TIMEOUT: from 0.001 to 1e9 seconds,
+ * fractions kept to the nanosecond; 0 goes back to LOOM_TIMEOUT; a
+ * negative, NaN or infinite value is ncclInvalidArgument. Not collective:
+ * it changes only this rank's waits that begin after it, so ranks should
+ * all set the same value. A timed-out wait returns what it did before
+ * (ncclRemoteError) with a sentence that says "timed out after 1.5 s
+ * (loomCommSetTimeout)". Get returns the bound in effect: the value set,
+ * else LOOM_TIMEOUT's. Communicators made from `comm` (split, shrink,
+ * grow) start on LOOM_TIMEOUT. */
+ncclResult_t loomCommSetTimeout(ncclComm_t comm, double seconds);
+ncclResult_t loomCommGetTimeout(ncclComm_t comm, double *seconds);
+
 #ifdef __cplusplus
 }
 #endif

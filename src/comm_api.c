@@ -416,3 +416,36 @@ LOOM_EXPORT ncclResult_t loomCommPeerTransport(ncclComm_t comm, int peer, const 
     *name = n;
   return ncclSuccess;
 }
+
+/* The bound is per rank and per communicator: no peer is told, so that
+ * setting it is no collective (docs/failures.md). It is read when each
+ * wait begins, so a group's operations use the value at ncclGroupEnd. */
+#define TIMEOUT_MAX_S 1e9 /* ~31 years: ns still fit in 64 bits after any uptime */
+
+LOOM_EXPORT ncclResult_t loomCommSetTimeout(ncclComm_t comm, double seconds) {
+  ncclResult_t r = comm_check_even_suspended(comm, "loomCommSetTimeout");
+  if (r != ncclSuccess)
+    return api_finish(comm, r);
+  /* NaN fails every comparison, so the test is written to let it through
+   * to the refusal. */
+  if (!(seconds == 0 || (seconds >= 1e-3 && seconds <= TIMEOUT_MAX_S)))
+    return api_finish(comm, err_set(ncclInvalidArgument,
+                                    "loomCommSetTimeout: seconds is %g; it must be a finite number of seconds from "
+                                    "0.001 to 1e9, or 0 to go back to LOOM_TIMEOUT",
+                                    seconds));
+  r = comm_enter(comm, "loomCommSetTimeout");
+  if (r != ncclSuccess)
+    return api_finish(comm, r);
+  uint64_t ns = (uint64_t)(seconds * 1e9 + 0.5);
+  atomic_store(&comm->timeout_ns, ns);
+  comm_leave(comm);
+  return ncclSuccess;
+}
+
+LOOM_EXPORT ncclResult_t loomCommGetTimeout(ncclComm_t comm, double *seconds) {
+  ncclResult_t r = check_query(comm, seconds, "loomCommGetTimeout");
+  if (r != ncclSuccess)
+    return api_finish(NULL, r);
+  *seconds = (double)comm_timeout_ns(comm) / 1e9;
+  return ncclSuccess;
+}

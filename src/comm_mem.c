@@ -487,16 +487,19 @@ void rma_destroy(struct ncclComm *comm) {
   /* The service first: it writes into the windows freed below. */
   rma_net_stop(comm);
   /* Signals still queued on streams write through this state: they are
-   * waited for, for LOOM_TIMEOUT at most (a second after an abort); past
-   * that the state is left (a leak, not a write into freed memory). */
-  uint64_t deadline = comm_aborted(comm) ? time_ns() + 1000000000ull : deadline_from_timeout();
+   * waited for, for the communicator's timeout at most (a second after an
+   * abort); past that the state is left (a leak, not a write into freed
+   * memory). */
+  uint64_t deadline = comm_aborted(comm) ? time_ns() + 1000000000ull : comm_deadline(comm);
   while (atomic_load(&st->pending) > 0 && time_ns() < deadline) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
   if (atomic_load(&st->pending) > 0) {
-    WARN("rank %d: %d one-sided signal(s) still queued on streams after LOOM_TIMEOUT: their memory is left mapped",
-         comm->rank, atomic_load(&st->pending));
+    char bound[TIMEOUT_NAME_LEN];
+    WARN("rank %d: %d one-sided signal(s) still queued on streams timed out after %s: their memory is left mapped",
+         comm->rank, atomic_load(&st->pending),
+         comm_aborted(comm) ? "1 s (an abort)" : comm_timeout_name(comm, bound, sizeof bound));
     comm->rma = NULL;
     return;
   }
@@ -704,15 +707,17 @@ static ncclResult_t win_deregister(struct ncclComm *comm, ncclWindow_t win) {
   /* A CUDA communicator's puts are queued on streams, each followed by
    * its signal: once none of this rank's signals is pending, its puts
    * into any window are done. */
-  uint64_t deadline = deadline_from_timeout();
+  uint64_t deadline = comm_deadline(comm);
   while (atomic_load(&comm->rma->pending) > 0) {
     if (comm_aborted(comm))
       return err_set(ncclInvalidUsage, "%s: the communicator was aborted", func);
-    if (time_ns() > deadline)
+    if (time_ns() > deadline) {
+      char bound[TIMEOUT_NAME_LEN];
       return err_set(ncclRemoteError,
-                     "%s: rank %d's one-sided operations queued on streams did not complete within LOOM_TIMEOUT=%llds "
-                     "(is a stream stuck?); the window stays registered",
-                     func, comm->rank, (long long)timeout_seconds());
+                     "%s: rank %d timed out after %s waiting for its one-sided operations queued on streams (is a "
+                     "stream stuck?); the window stays registered",
+                     func, comm->rank, comm_timeout_name(comm, bound, sizeof bound));
+    }
     struct timespec ts = {0, 200000};
     nanosleep(&ts, NULL);
   }

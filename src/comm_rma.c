@@ -268,15 +268,15 @@ static ncclResult_t wait_signal(int nDesc, const ncclWaitSignalDesc_t *descs, st
                   (unsigned long long)m->count, m->peer, m->sigIdx, m->ctx, (unsigned long long)got);
       break;
     }
-    if (now - idle_since >= (uint64_t)timeout_seconds() * 1000000000ull) {
-      char note[300] = "";
+    if (now - idle_since >= comm_timeout_ns(comm)) {
+      char note[300] = "", bound[TIMEOUT_NAME_LEN];
       if (m->peer != comm->rank)
         comm_note_peer(comm, m->peer, note, sizeof note);
       r = err_set(ncclRemoteError,
-                  "%s: rank %d waited LOOM_TIMEOUT=%llds for %llu signal(s) from rank %d (sigIdx %d, ctx %d) and %llu "
-                  "came%s; none was consumed",
-                  func, comm->rank, (long long)timeout_seconds(), (unsigned long long)m->count, m->peer, m->sigIdx,
-                  m->ctx, (unsigned long long)got, note);
+                  "%s: rank %d timed out after %s waiting for %llu signal(s) from rank %d (sigIdx %d, ctx %d) and "
+                  "%llu came%s; none was consumed",
+                  func, comm->rank, comm_timeout_name(comm, bound, sizeof bound), (unsigned long long)m->count,
+                  m->peer, m->sigIdx, m->ctx, (unsigned long long)got, note);
       break;
     }
   }

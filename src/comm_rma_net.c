@@ -392,8 +392,8 @@ static struct boot_conn *conn_to(struct rma_net *n, int peer, const char *func) 
     if (r == ncclSuccess && c->state == BC_DEAD)
       snprintf(why, sizeof why, "connecting: %s", strerror(c->sys_err));
     else if (r == ncclSuccess)
-      r = boot_conn_wait(c, deadline_from_timeout(), NULL, "the one-sided service's answer", &ev, &m, why,
-                         sizeof why);
+      r = boot_conn_wait(c, comm_deadline(comm), atomic_load(&comm->timeout_ns), NULL,
+                         "the one-sided service's answer", &ev, &m, why, sizeof why);
     free(m);
     if (r != ncclSuccess)
       snprintf(why, sizeof why, "%s", err_thread_last());
@@ -445,7 +445,8 @@ ncclResult_t rma_net_send(struct ncclComm *comm, int peer, uint64_t win_id, size
     memcpy(buf, &f, sizeof f);
     if (len)
       memcpy(buf + sizeof f, (const char *)data + done, len);
-    r = boot_conn_send_wait(c, RMA_NET_TAG, buf, sizeof f + len, deadline_from_timeout(), "a one-sided service");
+    r = boot_conn_send_wait(c, RMA_NET_TAG, buf, sizeof f + len, comm_deadline(comm), atomic_load(&comm->timeout_ns),
+                            "a one-sided service");
     if (r != ncclSuccess) {
       char why[256];
       char note[300];

@@ -3,8 +3,8 @@
  * channel (collectives) or one work per peer (send/recv), planned by
  * plan.c; works that share connections queue on the same lane and run in
  * call order, lanes run concurrently. The calling thread drives every
- * lane until all are done, a peer fails, or nothing moves for
- * LOOM_TIMEOUT.
+ * lane until all are done, a peer fails, or nothing moves for the
+ * communicator's timeout (loomCommSetTimeout, else LOOM_TIMEOUT).
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -115,7 +115,7 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
         fail_context(w, "");
         return r;
       }
-      if (idle_ns >= (uint64_t)timeout_seconds() * 1000000000ull) {
+      if (idle_ns >= comm_timeout_ns(p->comm)) {
         /* The ranks this one waits for may wait for others in turn: on
          * this host their status pages name the one everybody waits on. */
         char wait[LOOM_ERR_LEN - 200];
@@ -123,8 +123,9 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
         if (nb > 0)
           status_explain_peer(p->comm, blocked[0]->peer, wait, sizeof wait);
         status_log(p->comm);
-        r = err_set(ncclRemoteError, "no progress for LOOM_TIMEOUT=%llds while waiting for %s",
-                    (long long)timeout_seconds(), wait);
+        char bound[TIMEOUT_NAME_LEN];
+        r = err_set(ncclRemoteError, "timed out after %s with no progress while waiting for %s",
+                    comm_timeout_name(p->comm, bound, sizeof bound), wait);
         fail_context(w, "");
         return r;
       }

@@ -226,6 +226,7 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   CHECK(bootstrap_init(ids, nids, rank, nranks, &comm->abort_flag, &comm->boot));
   comm->boot->alive = alive_cb;
   comm->boot->alive_ctx = comm;
+  comm->boot->timeout_ns = &comm->timeout_ns;
 
   CHECK(UTIL_CALLOC(&comm->peers, nranks, "peer information"));
   struct peer_info *me = &comm->peers[rank];

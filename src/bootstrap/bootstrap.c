@@ -477,13 +477,15 @@ static ncclResult_t progress(struct bootstrap *b, uint64_t until, struct boot_co
 
 struct wait {
   uint64_t deadline, next_alive;
+  uint64_t set_ns; /* the communicator's bound when the wait began, 0: LOOM_TIMEOUT */
   int peer;
   const char *doing; /* "for bootstrap data from", "to send bootstrap data to" */
 };
 
-static void wait_start(struct wait *w, int peer, const char *doing) {
+static void wait_start(struct bootstrap *b, struct wait *w, int peer, const char *doing) {
   uint64_t now = time_ns();
-  w->deadline = deadline_from_timeout();
+  w->set_ns = b->timeout_ns ? atomic_load_explicit(b->timeout_ns, memory_order_relaxed) : 0;
+  w->deadline = deadline_after(w->set_ns);
   w->next_alive = now + ALIVE_NS;
   w->peer = peer;
   w->doing = doing;
@@ -495,9 +497,11 @@ static ncclResult_t wait_check(struct bootstrap *b, struct wait *w) {
   if (b->abort_flag && __atomic_load_n(b->abort_flag, __ATOMIC_ACQUIRE))
     return err_set(ncclInvalidUsage, "the communicator was aborted while waiting for rank %d", w->peer);
   uint64_t now = time_ns();
-  if (now >= w->deadline)
-    return err_set(ncclRemoteError, "rank %d waited LOOM_TIMEOUT=%llds %s rank %d", b->rank,
-                   (long long)timeout_seconds(), w->doing, w->peer);
+  if (now >= w->deadline) {
+    char bound[TIMEOUT_NAME_LEN];
+    return err_set(ncclRemoteError, "rank %d timed out after %s waiting %s rank %d", b->rank,
+                   timeout_name(w->set_ns, timeout_seconds(), bound, sizeof bound), w->doing, w->peer);
+  }
   if (b->alive && now >= w->next_alive) {
     w->next_alive = now + ALIVE_NS;
     CHECK(b->alive(b->alive_ctx, w->peer));
@@ -552,7 +556,7 @@ static ncclResult_t send_locked(struct bootstrap *b, int peer, uint64_t tag, con
     return stash_self(b, tag, data, len);
   struct boot_tx *t = &b->tx[peer];
   struct wait w;
-  wait_start(&w, peer, "to send bootstrap data to");
+  wait_start(b, &w, peer, "to send bootstrap data to");
   uint64_t serial = t->serial + 1;
   if (t->resend) {
     /* Behind those that go again, in order. */
@@ -620,7 +624,7 @@ static ncclResult_t deliver(struct boot_msg *m, int peer, uint64_t tag, void *da
 
 static ncclResult_t recv_locked(struct bootstrap *b, int peer, uint64_t tag, void *data, size_t len) {
   struct wait w;
-  wait_start(&w, peer, "for bootstrap data from");
+  wait_start(b, &w, peer, "for bootstrap data from");
   uint64_t probe_at = time_ns() + PROBE_NS;
   for (;;) {
     struct boot_msg *m = stash_take(b, peer, tag);

@@ -22,6 +22,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "misc/socket.h"
@@ -95,6 +96,9 @@ struct bootstrap {
   uint64_t seq; /* numbers the all-gathers and barriers, same on all ranks */
   pthread_mutex_t lock;
   const volatile int *abort_flag;
+  /* The communicator's loomCommSetTimeout bound (ns, 0: none), which its
+   * waits use in place of LOOM_TIMEOUT; NULL while it has none to give. */
+  const _Atomic uint64_t *timeout_ns;
   boot_alive_fn alive;
   void *alive_ctx;
   struct boot_stats stats;

@@ -599,8 +599,8 @@ static short poll_one(int fd, short events, uint64_t deadline) {
   return poll(&p, 1, ms > 100 ? 100 : (int)ms) > 0 ? p.revents : 0;
 }
 
-ncclResult_t boot_conn_wait(struct boot_conn *c, uint64_t deadline, const volatile int *abort_flag, const char *what,
-                            enum boot_event *ev, struct boot_msg **msg, char *why, size_t whylen) {
+ncclResult_t boot_conn_wait(struct boot_conn *c, uint64_t deadline, uint64_t set_ns, const volatile int *abort_flag,
+                            const char *what, enum boot_event *ev, struct boot_msg **msg, char *why, size_t whylen) {
   short rev = 0;
   for (;;) {
     CHECK(boot_conn_step(c, rev, ev, msg, why, whylen));
@@ -608,15 +608,17 @@ ncclResult_t boot_conn_wait(struct boot_conn *c, uint64_t deadline, const volati
       return ncclSuccess;
     if (abort_flag && __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE))
       return err_set(ncclInvalidUsage, "the communicator was aborted while waiting for %s", what);
-    if (time_ns() >= deadline)
-      return err_set(ncclRemoteError, "waiting for %s timed out after LOOM_TIMEOUT=%llds", what,
-                     (long long)timeout_seconds());
+    if (time_ns() >= deadline) {
+      char bound[TIMEOUT_NAME_LEN];
+      return err_set(ncclRemoteError, "waiting for %s timed out after %s", what,
+                     timeout_name(set_ns, timeout_seconds(), bound, sizeof bound));
+    }
     rev = poll_one(c->fd, boot_conn_events(c), deadline);
   }
 }
 
 ncclResult_t boot_conn_send_wait(struct boot_conn *c, uint64_t tag, const void *data, size_t len, uint64_t deadline,
-                                 const char *what) {
+                                 uint64_t set_ns, const char *what) {
   if (!boot_conn_can_send(c))
     return err_set(ncclInternalError, "bootstrap: sending to %s on a connection that is not open", what);
   CHECK(boot_conn_queue(c, 0, tag, data, len));
@@ -627,9 +629,11 @@ ncclResult_t boot_conn_send_wait(struct boot_conn *c, uint64_t tag, const void *
       return err_set(ncclRemoteError, "sending to %s over the bootstrap failed: %s", what, strerror(c->sys_err));
     if (!c->txq)
       return ncclSuccess;
-    if (time_ns() >= deadline)
-      return err_set(ncclRemoteError, "sending to %s timed out after LOOM_TIMEOUT=%llds", what,
-                     (long long)timeout_seconds());
+    if (time_ns() >= deadline) {
+      char bound[TIMEOUT_NAME_LEN];
+      return err_set(ncclRemoteError, "sending to %s timed out after %s", what,
+                     timeout_name(set_ns, timeout_seconds(), bound, sizeof bound));
+    }
     poll_one(c->fd, POLLOUT, deadline);
   }
 }

@@ -149,11 +149,13 @@ void boot_out_append(struct boot_out **list, struct boot_out *more);
 void boot_out_free(struct boot_out *list);
 /* Blocking forms for a single connection (the root, and a rank's
  * connection to it): wait for the next event, or send a whole message,
- * by `deadline`, or until *abort_flag (may be NULL) is raised. */
-ncclResult_t boot_conn_wait(struct boot_conn *c, uint64_t deadline, const volatile int *abort_flag, const char *what,
-                            enum boot_event *ev, struct boot_msg **msg, char *why, size_t whylen);
+ * by `deadline`, or until *abort_flag (may be NULL) is raised. `set_ns`
+ * names the bound in the timeout's sentence (timeout_name): a
+ * communicator's loomCommSetTimeout value, 0 for LOOM_TIMEOUT. */
+ncclResult_t boot_conn_wait(struct boot_conn *c, uint64_t deadline, uint64_t set_ns, const volatile int *abort_flag,
+                            const char *what, enum boot_event *ev, struct boot_msg **msg, char *why, size_t whylen);
 ncclResult_t boot_conn_send_wait(struct boot_conn *c, uint64_t tag, const void *data, size_t len, uint64_t deadline,
-                                 const char *what);
+                                 uint64_t set_ns, const char *what);
 /* The connection's peer address, for log lines about strangers. */
 const char *boot_conn_peer_str(const struct boot_conn *c, char *buf, size_t len);
 void boot_conn_close(struct boot_conn *c);

@@ -76,7 +76,7 @@ static ncclResult_t join_start(struct bootstrap *b, struct root_link *jr, uint64
   ncclResult_t r;
   enum boot_event ev = BE_NONE;
   struct boot_msg *m = NULL;
-  CHECK_GOTO(boot_conn_wait(&jr->c, deadline, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r, fail);
+  CHECK_GOTO(boot_conn_wait(&jr->c, deadline, 0, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r, fail);
   free(m);
   if (ev == BE_WRONG_SECRET) {
     char hint[256];
@@ -100,7 +100,7 @@ static ncclResult_t join_start(struct bootstrap *b, struct root_link *jr, uint64
   h.me.addr = b->addr;
   memcpy(h.me.nonce, b->nonce, sizeof h.me.nonce);
   gethostname(h.host, sizeof h.host - 1);
-  r = boot_conn_send_wait(&jr->c, BOOT_TAG_HELLO, &h, sizeof h, deadline, jr->what);
+  r = boot_conn_send_wait(&jr->c, BOOT_TAG_HELLO, &h, sizeof h, deadline, 0, jr->what);
   if (r != ncclSuccess) {
     /* The root may have dropped the connection before the hello. */
     *again = time_ns() < deadline;
@@ -123,8 +123,9 @@ static ncclResult_t join_finish(struct bootstrap *b, struct root_link *jr, uint6
   struct boot_msg *m = NULL;
   /* The root enforces the join timeout itself and then says who is
    * missing; waiting a little longer than it lets that sentence arrive. */
-  CHECK_GOTO(boot_conn_wait(&jr->c, deadline + 5 * GREETING_NS, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r,
-             out);
+  CHECK_GOTO(
+      boot_conn_wait(&jr->c, deadline + 5 * GREETING_NS, 0, b->abort_flag, jr->what, &ev, &m, why, sizeof why), r,
+      out);
   if (ev != BE_MSG) {
     /* Not admitted: the root answers every rank it admitted before it
      * lets its connection go. */

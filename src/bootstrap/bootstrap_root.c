@@ -91,7 +91,7 @@ static void reply_error(struct root *rt, struct boot_conn *c, ncclResult_t statu
   rep.r.nranks = rt->nranks;
   snprintf(rep.msg, sizeof rep.msg, "%s", msg);
   size_t len = sizeof rep.r + strlen(rep.msg);
-  if (boot_conn_send_wait(c, BOOT_TAG_REPLY, &rep, len, time_ns() + GREETING_NS, "a joining rank") != ncclSuccess)
+  if (boot_conn_send_wait(c, BOOT_TAG_REPLY, &rep, len, time_ns() + GREETING_NS, 0, "a joining rank") != ncclSuccess)
     WARN("bootstrap root at %s: could not tell rank %d why it was refused: %s", rt->where, c->peer, err_thread_last());
   conn_done(rt, c);
 }
@@ -329,7 +329,7 @@ static void answer_all(struct root *rt) {
     /* The block's last rank gets the neighbour (or, with one root, rank
      * 0); the neighbour its own address, which it does not use. */
     ok.next = rt->peers[i + 1 < rt->nslots ? i + 1 : i == rt->count ? i : 0];
-    if (boot_conn_send_wait(rt->conns[i], BOOT_TAG_REPLY, &ok, sizeof ok, time_ns() + GREETING_NS * 5,
+    if (boot_conn_send_wait(rt->conns[i], BOOT_TAG_REPLY, &ok, sizeof ok, time_ns() + GREETING_NS * 5, 0,
                             "a joining rank") != ncclSuccess)
       WARN("bootstrap root at %s: could not answer rank %d: %s", rt->where, i, err_thread_last());
     conn_done(rt, rt->conns[i]);

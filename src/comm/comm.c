@@ -133,3 +133,13 @@ void comm_leave(struct ncclComm *comm) {
   if (comm_live(comm))
     atomic_store_explicit(&comm->in_call, 0, memory_order_release);
 }
+
+uint64_t comm_timeout_ns(const struct ncclComm *comm) {
+  return timeout_ns(atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed));
+}
+
+uint64_t comm_deadline(const struct ncclComm *comm) { return time_ns() + comm_timeout_ns(comm); }
+
+const char *comm_timeout_name(const struct ncclComm *comm, char *buf, size_t len) {
+  return timeout_name(atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed), timeout_seconds(), buf, len);
+}

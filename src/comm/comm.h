@@ -141,6 +141,9 @@ struct ncclComm {
   void (*poison_conns)(struct ncclComm *comm, const char *why);
   /* Set by ncclCommAbort or by a failure; every wait polls it. */
   volatile int abort_flag;
+  /* loomCommSetTimeout's bound in ns, 0: LOOM_TIMEOUT. Atomic: the CUDA
+   * proxy and the bootstrap (through boot->timeout_ns) read it too. */
+  _Atomic uint64_t timeout_ns;
   /* ncclCommRevoke: no more calls but split, shrink, destroy and abort. */
   _Atomic int revoked;
   /* ncclCommSuspend released the connections (and a CUDA communicator's
@@ -241,6 +244,13 @@ void comm_hold(struct ncclComm *comm, const char *func);
 static inline int comm_aborted(const struct ncclComm *comm) {
   return __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
 }
+
+/* The bound of a wait that belongs to `comm`: its loomCommSetTimeout
+ * value where set, else LOOM_TIMEOUT; the deadline of one that starts now;
+ * and the bound as its timeout sentence names it (TIMEOUT_NAME_LEN). */
+uint64_t comm_timeout_ns(const struct ncclComm *comm);
+uint64_t comm_deadline(const struct ncclComm *comm);
+const char *comm_timeout_name(const struct ncclComm *comm, char *buf, size_t len);
 
 /* Whether a nonblocking communicator's job is running on its worker
  * (async.c), during which the communicator takes no other call. */

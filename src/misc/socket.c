@@ -373,7 +373,7 @@ ncclResult_t sock_connect(const union sock_addr *addr, uint64_t deadline, int re
     int retryable = e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
     if (!retry_refused || !retryable || time_ns() >= deadline)
       return err_set(ncclRemoteError, "cannot connect to %s at %s: %s%s", what, a, strerror(e),
-                     retry_refused && retryable ? " (gave up after LOOM_TIMEOUT)" : "");
+                     retry_refused && retryable ? " (timed out after LOOM_TIMEOUT)" : "");
     struct timespec ts = {0, (long)(backoff_us * 1000)};
     nanosleep(&ts, NULL);
     if (backoff_us < 100000)

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -25,6 +26,18 @@ uint64_t time_ns(void) {
 int64_t timeout_seconds(void) { return param_int(P_TIMEOUT); }
 
 uint64_t deadline_from_timeout(void) { return time_ns() + (uint64_t)timeout_seconds() * 1000000000ull; }
+
+uint64_t timeout_ns(uint64_t set_ns) { return set_ns ? set_ns : (uint64_t)timeout_seconds() * 1000000000ull; }
+
+uint64_t deadline_after(uint64_t set_ns) { return time_ns() + timeout_ns(set_ns); }
+
+const char *timeout_name(uint64_t set_ns, int64_t loom_s, char *buf, size_t len) {
+  if (set_ns)
+    snprintf(buf, len, "%.9g s (loomCommSetTimeout)", (double)set_ns / 1e9);
+  else
+    snprintf(buf, len, "LOOM_TIMEOUT=%llds", (long long)loom_s);
+  return buf;
+}
 
 ncclResult_t util_random(void *buf, size_t len) {
   size_t got = 0;

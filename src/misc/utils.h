@@ -15,6 +15,16 @@ uint64_t time_ns(void);
 /* Now plus LOOM_TIMEOUT, the bound on any wait that sees no progress. */
 uint64_t deadline_from_timeout(void);
 int64_t timeout_seconds(void);
+/* A wait's bound where it may belong to a communicator: `set_ns` is the
+ * communicator's own (loomCommSetTimeout), 0 where it has none, which
+ * leaves LOOM_TIMEOUT. The comm floor's comm_timeout_ns picks set_ns. */
+uint64_t timeout_ns(uint64_t set_ns);
+uint64_t deadline_after(uint64_t set_ns);
+/* The bound as a timeout sentence names it: "1.5 s (loomCommSetTimeout)",
+ * or "LOOM_TIMEOUT=600s" (loom_s: LOOM_TIMEOUT's value, passed in for the
+ * threads that must not read the environment). Returns buf. */
+#define TIMEOUT_NAME_LEN 64
+const char *timeout_name(uint64_t set_ns, int64_t loom_s, char *buf, size_t len);
 
 /* 64 random bits from the kernel (getrandom), for secrets. */
 ncclResult_t util_random(void *buf, size_t len);

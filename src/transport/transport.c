@@ -136,7 +136,15 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
       goto out;
     }
   }
-  uint64_t deadline = deadline_from_timeout();
+  /* One deadline for all: several communicators of a group each bound
+   * it by their own timeout, and the shortest wins. */
+  uint64_t deadline = UINT64_MAX;
+  struct ncclComm *bound_by = NULL;
+  for (int i = 0; i < ncomms; i++)
+    if (comms[i]->pending && comm_deadline(comms[i]) < deadline) {
+      deadline = comm_deadline(comms[i]);
+      bound_by = comms[i];
+    }
   struct waiter w;
   wait_init(&w, 0);
   for (;;) {
@@ -173,8 +181,9 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
     if (left == 0)
       break;
     if (time_ns() > deadline) {
-      r = err_set(ncclRemoteError, "%d connection(s) were not established within LOOM_TIMEOUT=%llds", left,
-                  (long long)timeout_seconds());
+      char bound[TIMEOUT_NAME_LEN];
+      r = err_set(ncclRemoteError, "rank %d timed out after %s: %d connection(s) were not established",
+                  bound_by->rank, comm_timeout_name(bound_by, bound, sizeof bound), left);
       goto out;
     }
     wait_pause(&w);

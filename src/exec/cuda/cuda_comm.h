@@ -109,7 +109,8 @@ struct cuda_comm {
   _Atomic int poison_asked;
   /* LOOM_TIMEOUT, read at init: the proxy thread never reads the
    * environment, which the program may be changing meanwhile (setenv
-   * beside getenv can crash). */
+   * beside getenv can crash). A loomCommSetTimeout value (comm->timeout_ns)
+   * takes its place. */
   int64_t timeout_s;
   int ignore_affinity; /* NCCL_IGNORE_CPU_AFFINITY, for the same reason */
 };

@@ -8,7 +8,8 @@
  * (kernels only write and read the FIFOs' pinned memory), and every 100 ms
  * checks what a kernel cannot: whether a peer has exited or failed,
  * whether the user aborted, whether a kernel reported a mismatch, and
- * whether running kernels have stopped making progress for LOOM_TIMEOUT.
+ * whether running kernels have stopped making progress for the
+ * communicator's timeout (loomCommSetTimeout, else LOOM_TIMEOUT).
  * Any of these stops the kernels (they poll an abort word) and becomes the
  * communicator's asynchronous error, as NCCL reports it.
  * SPDX-License-Identifier: Apache-2.0
@@ -210,18 +211,23 @@ static void *proxy_main(void *arg) {
         uint64_t p = __atomic_load_n(&cc->status->progress, __ATOMIC_RELAXED), a = 0;
         for (int i = 0; i < n; i++)
           a += transport_activity(cc->watch[i]);
+        /* Read at each check: loomCommSetTimeout may change it between
+         * calls; LOOM_TIMEOUT is the value read at init (cc->timeout_s). */
+        uint64_t set_ns = atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed);
+        uint64_t bound_ns = set_ns ? set_ns : (uint64_t)cc->timeout_s * 1000000000ull;
         if (p != seen || a != seen_activity || (!kernels_running(cc) && !draining)) {
           seen = p;
           seen_activity = a;
           last_change = now;
-        } else if (now - last_change >= (uint64_t)cc->timeout_s * 1000000000ull) {
-          char in[224];
+        } else if (now - last_change >= bound_ns) {
+          char in[224], bound[TIMEOUT_NAME_LEN];
           running_call(cc, in, sizeof in);
+          timeout_name(set_ns, cc->timeout_s, bound, sizeof bound);
           fail_kernels(cc, err_set(ncclRemoteError,
-                                   draining ? "rank %d%s: the last sends of the GPU's collectives did not leave in "
-                                              "LOOM_TIMEOUT=%llds while the communicator was finalized"
-                                            : "rank %d: a collective on the GPU%s made no progress for LOOM_TIMEOUT=%llds",
-                                   comm->rank, draining ? "" : in, (long long)cc->timeout_s));
+                                   draining ? "rank %d%s: the last sends of the GPU's collectives timed out after %s "
+                                              "while the communicator was finalized"
+                                            : "rank %d: a collective on the GPU%s timed out after %s with no progress",
+                                   comm->rank, draining ? "" : in, bound));
           reported = 1;
         }
       }
