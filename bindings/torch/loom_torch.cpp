@@ -1,49 +1,52 @@
 /*
- * Loom as a torch.distributed backend on CPU tensors (PyTorch 1.13's c10d
- * API): ProcessGroupLoom runs every collective through one Loom host
- * communicator. loom_torch/__init__.py loads this module and registers it
- * as the backend "loom", so dist.init_process_group("loom", ...) works.
+ * Loom as a torch.distributed backend on CPU tensors (torch 2.x's
+ * c10d::Backend): ProcessGroupLoom runs every collective through one Loom
+ * host communicator. loom_torch/__init__.py loads this module and
+ * registers it as the backend "loom" for the CPU device, so
+ * dist.init_process_group("loom", ...) works.
  *
  * Decisions, written down here where the code makes them:
  * - Rendezvous: rank 0 calls ncclGetUniqueId and puts the 128 bytes in
  *   torch's Store under "loom_unique_id"; the others get them (the store's
- *   own timeout bounds the wait). Each process group (new_group) has its
- *   own prefixed store and its own communicator.
- * - Loom's host calls return when their result is in place, so work runs
- *   in the calling thread and its Work is complete when the call returns:
- *   isCompleted() is true at once, wait() rethrows a failure, getFuture()
- *   is a completed (or failed) future holding the output tensors (DDP's
- *   reducer reads it). Between _start_coalescing and _end_coalescing
- *   (batch_isend_irecv) calls are queued in one ncclGroupStart/End and
- *   their Work completes at _end_coalescing.
- * - Argument errors (non-CPU, sparse or non-contiguous tensors, dtypes
- *   Loom has not, shapes that do not fit) raise at the call, before any
- *   data moves. A failure Loom returns fails the Work with a RuntimeError
- *   naming the call, the ncclResult_t and ncclGetLastError's sentence;
- *   wait() (which the synchronous torch.distributed functions call)
- *   raises it. After a failure that is not a local argument error the
- *   communicator is aborted and every later call on the group raises.
+ *   own timeout bounds the wait). new_group gets its own prefixed store and
+ *   its own communicator; split_group splits the parent's (ncclCommSplit).
+ * - Asynchronous like gloo (loom_work.h): a call checks its arguments here,
+ *   in the caller's thread, and raises at once on a bad one; then it queues
+ *   the Loom calls for the group's worker thread and returns a Work.
+ *   wait() raises the failure, if any; getFuture() holds the outputs.
+ * - Timeouts: the group's timeout (or an op's own, e.g. barrier(timeout=))
+ *   bounds every wait of its calls (loomCommSetTimeout). A call that runs
+ *   out of time fails with DistBackendError "Timed out waiting <ms>ms ...".
+ * - A failure other than an argument error may leave the ranks out of
+ *   step: the communicator is aborted there and then (its peers' waits on
+ *   this rank end instead of running into their own timeouts), and every
+ *   later call on the group raises, naming the first failure.
+ * - Coalescing (_coalescing_manager, batch_isend_irecv): the calls between
+ *   startCoalescing and endCoalescing run as one ncclGroupStart/End; the
+ *   Works they returned complete with endCoalescing's.
  * - One tensor per call (like the MPI backend): a list of several tensors
  *   would mean "replicas on several devices" in torch's old API, which has
  *   no meaning on CPU. allreduce_coalesced takes several distinct tensors.
  * - bool travels as uint8; SUM and MAX on bool are a logical or, PRODUCT
  *   and MIN a logical and (as torch's NCCL backend does). int16 and the
- *   complex types have no NCCL type and are refused.
+ *   complex types have no NCCL type and are refused (torch's own Python
+ *   layer sends complex tensors as real pairs for SUM and AVG).
  * - send/recv ignore the tag (NCCL has none); messages between two ranks
- *   arrive in the order they were sent. A plain isend returns after the
- *   data left, so two ranks that both isend a large tensor before their
- *   irecv wait for each other; batch_isend_irecv runs them together.
+ *   arrive in the order they were sent. recv from any source is refused:
+ *   NCCL has no such receive (decision in docs/pytorch.md).
  *
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +55,9 @@
 #include <vector>
 
 #include "loom.h"
+#include "loom_api.h"
 #include "loom_torch_args.h"
+#include "loom_work.h"
 #include "nccl.h"
 
 namespace loom_torch {
@@ -60,76 +65,27 @@ namespace loom_torch {
 namespace {
 constexpr const char *kBackendName = "loom";
 constexpr const char *kUniqueIdKey = "loom_unique_id";
-
+using ms = std::chrono::milliseconds;
 } // namespace
 
-// A Work whose operation ran in the calling thread (or, coalesced, at
-// _end_coalescing). complete() runs the copy-out step, if any, then
-// completes the future and the Work.
-class LoomWork : public c10d::Work {
+class ProcessGroupLoom : public c10d::Backend {
 public:
-  LoomWork(int rank, c10d::OpType type, const char *title, std::vector<at::Tensor> outputs,
-           const c10::optional<std::vector<at::Tensor>> &inputs)
-      : c10d::Work(rank, type, title, inputs), outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+  using Options = c10d::Backend::Options;
 
-  void complete(std::exception_ptr e) {
-    if (!e && post) {
-      try {
-        post();
-      } catch (...) {
-        e = std::current_exception();
-      }
-    }
-    post = nullptr;
-    keep.clear();
-    pending = false;
-    if (e)
-      future_->setError(e);
-    else
-      future_->markCompleted(c10::IValue(outputs_));
-    finish(e);
-  }
-
-  bool wait(std::chrono::milliseconds timeout) override {
-    if (pending) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (!completed_)
-        TORCH_CHECK(false, "loom backend: this work is part of a coalesced group (batch_isend_irecv) that has not "
-                           "ended yet; it completes at _end_coalescing");
-    }
-    return c10d::Work::wait(timeout);
-  }
-
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
-  std::function<void()> post;     // copies results out of temporaries
-  std::vector<at::Tensor> keep;   // temporaries that must outlive the call
-  std::atomic<bool> pending{false};
-
-private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-class ProcessGroupLoom : public c10d::ProcessGroup {
-public:
-  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size) : ProcessGroup(rank, size) {
+  ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size, ms timeout)
+      : Backend(rank, size), options_(c10::make_intrusive<Options>(kBackendName, timeout)) {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
     if (rank == 0) {
-      ncclResult_t r = ncclGetUniqueId(&id);
-      if (r != ncclSuccess)
-        throw std::runtime_error(c10::str("loom backend: ncclGetUniqueId failed: ", ncclGetErrorString(r), ": ",
-                                          ncclGetLastError(nullptr)));
+      ncclResult_t r = lm::ncclGetUniqueId(&id);
+      TORCH_CHECK(r == ncclSuccess, "loom backend: ncclGetUniqueId failed: ", lm::ncclGetErrorString(r), ": ",
+                  lm::ncclGetLastError(nullptr));
       std::vector<uint8_t> bytes(reinterpret_cast<uint8_t *>(&id), reinterpret_cast<uint8_t *>(&id) + sizeof id);
       store->set(kUniqueIdKey, bytes);
     } else {
       std::vector<uint8_t> bytes = store->get(kUniqueIdKey);
-      if (bytes.size() != sizeof id)
-        throw std::runtime_error(c10::str("loom backend: the store's ", kUniqueIdKey, " holds ", bytes.size(),
-                                          " bytes, not the ", sizeof id, " of an ncclUniqueId"));
+      TORCH_CHECK(bytes.size() == sizeof id, "loom backend: the store's ", kUniqueIdKey, " holds ", bytes.size(),
+                  " bytes, not the ", sizeof id, " of an ncclUniqueId");
       std::memcpy(&id, bytes.data(), sizeof id);
     }
     // The loom backend is a CPU backend: its communicator is a host one
@@ -139,60 +95,81 @@ public:
     bool set_dev = dev == nullptr || dev[0] == '\0';
     if (set_dev)
       setenv("LOOM_DEVICE", "host", 1);
-    ncclResult_t r = ncclCommInitRank(&comm_, size, id, rank);
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = lm::ncclCommInitRank(&comm, size, id, rank);
     if (set_dev)
       unsetenv("LOOM_DEVICE");
-    if (r != ncclSuccess)
-      throw std::runtime_error(c10::str("loom backend: ncclCommInitRank (rank ", rank, " of ", size,
-                                        ") failed: ", ncclGetErrorString(r), ": ", ncclGetLastError(comm_)));
-    int is_host = 0;
-    if (loomCommIsHost(comm_, &is_host) != ncclSuccess || !is_host) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      throw std::runtime_error("loom backend: Loom made a CUDA communicator, but the loom backend needs a host one");
-    }
-    init();
+    TORCH_CHECK(r == ncclSuccess, "loom backend: ncclCommInitRank (rank ", rank, " of ", size,
+                ") failed: ", lm::ncclGetErrorString(r), ": ", lm::ncclGetLastError(comm));
+    adopt(comm);
   }
 
-  ~ProcessGroupLoom() override {
-    if (comm_ == nullptr)
-      return;
-    if (broken_)
-      ncclCommAbort(comm_);
-    else
-      ncclCommDestroy(comm_);
-    comm_ = nullptr;
+  // A group split from another (split()): the communicator is made.
+  ProcessGroupLoom(ncclComm_t comm, int rank, int size, c10::intrusive_ptr<Options> opts)
+      : Backend(rank, size), options_(std::move(opts)) {
+    adopt(comm);
   }
+
+  ~ProcessGroupLoom() override { close(); }
 
   const std::string getBackendName() const override { return kBackendName; }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
+  bool supportsSplitting() const override { return true; }
+  bool supportsCoalescing() const override { return true; }
+
+  void setTimeout(ms timeout) override { options_->timeout = timeout; }
+
+  c10d::ErrorType getError() override {
+    if (!broken_)
+      return c10d::ErrorType::SUCCESS;
+    return timed_out_ ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR;
+  }
+
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
 
   void startCoalescing() override {
     std::lock_guard<std::mutex> lock(mu_);
     check_live();
     TORCH_CHECK(!coalescing_, "loom backend: _start_coalescing called twice without _end_coalescing");
-    call(ncclGroupStart(), "ncclGroupStart");
     coalescing_ = true;
   }
 
-  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>> & /* reqs */) override {
-    std::vector<c10::intrusive_ptr<LoomWork>> works;
-    std::exception_ptr e;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    std::vector<Pending> batch;
     {
       std::lock_guard<std::mutex> lock(mu_);
       TORCH_CHECK(coalescing_, "loom backend: _end_coalescing without _start_coalescing");
       coalescing_ = false;
-      works.swap(pending_);
-      ncclResult_t r = ncclGroupEnd();
-      if (r != ncclSuccess)
-        e = failure(r, "ncclGroupEnd (ending a coalesced group)");
-      if (!e && pending_error_)
-        e = pending_error_;
-      pending_error_ = nullptr;
+      batch.swap(coalesced_);
     }
-    for (auto &w : works)
-      w->complete(e);
-    if (e)
-      std::rethrow_exception(e);
+    auto all = make_work(c10d::OpType::COALESCED, "loom:coalesced", {}, {});
+    LoomJob job;
+    job.works.push_back(all);
+    ms timeout = options_->timeout;
+    for (auto &p : batch) {
+      job.works.push_back(p.work);
+      if (p.timeout != c10d::kUnsetTimeout)
+        timeout = p.timeout;
+    }
+    job.run = [this, batch = std::move(batch), timeout]() -> std::exception_ptr {
+      std::exception_ptr e = begin(timeout);
+      if (e)
+        return e;
+      ncclResult_t r = lm::ncclGroupStart();
+      if (r != ncclSuccess)
+        return failure(r, "ncclGroupStart (a coalesced group)", timeout);
+      for (auto &p : batch) {
+        r = p.calls();
+        if (r != ncclSuccess) {
+          lm::ncclGroupEnd();
+          return failure(r, c10::str(p.call, " (in a coalesced group)").c_str(), timeout);
+        }
+      }
+      r = lm::ncclGroupEnd();
+      return r == ncclSuccess ? nullptr : failure(r, "ncclGroupEnd (ending a coalesced group)", timeout);
+    };
+    worker_->push(std::move(job));
+    return all;
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
@@ -200,75 +177,86 @@ public:
     check_single(tensors, "broadcast's tensor");
     check_root(opts.rootRank, "broadcast");
     TORCH_CHECK(opts.rootTensor == 0, "loom backend: broadcast's rootTensor must be 0, not ", opts.rootTensor);
-    at::Tensor &t = tensors[0];
-    return run(c10d::OpType::BROADCAST, "loom:broadcast", tensors, tensors, [&] {
-      return std::make_pair(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t, ""),
-                                          (int)opts.rootRank, comm_, nullptr),
-                            "ncclBroadcast");
-    });
+    at::Tensor t = tensors[0];
+    ncclDataType_t dt = nccl_type(t, "broadcast's tensor");
+    int root = (int)opts.rootRank;
+    return enqueue(make_work(c10d::OpType::BROADCAST, "loom:broadcast", tensors, tensors), opts.timeout,
+                   "ncclBroadcast", [this, t, dt, root] {
+                     return lm::ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), dt, root, comm_, nullptr);
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                            const c10d::AllreduceOptions &opts) override {
+    if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse())
+      return allreduce_sparse(tensors, opts);
     check_single(tensors, "allreduce's tensor");
-    at::Tensor &t = tensors[0];
+    at::Tensor t = tensors[0];
     ncclRedOp_t op = nccl_op(opts.reduceOp, t);
-    return run(c10d::OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors, [&] {
-      return std::make_pair(
-          ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t, ""), op, comm_, nullptr),
-          "ncclAllReduce");
-    });
+    ncclDataType_t dt = nccl_type(t, "allreduce's tensor");
+    return enqueue(make_work(c10d::OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors), opts.timeout,
+                   "ncclAllReduce", [this, t, dt, op] {
+                     return lm::ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, comm_, nullptr);
+                   });
   }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor> &tensors,
+                                                  const c10d::AllreduceOptions &opts) override;
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
                                                      const c10d::AllreduceCoalescedOptions &opts) override {
     TORCH_CHECK(!tensors.empty(), "loom backend: allreduce_coalesced needs at least one tensor");
     std::vector<ncclRedOp_t> ops;
+    std::vector<ncclDataType_t> dts;
     for (auto &t : tensors) {
       check_tensor(t, "an allreduce_coalesced tensor");
       ops.push_back(nccl_op(opts.reduceOp, t));
+      dts.push_back(nccl_type(t, ""));
     }
-    return run(c10d::OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors, tensors, [&] {
-      return grouped("ncclAllReduce (allreduce_coalesced)", [&]() -> ncclResult_t {
-        for (size_t i = 0; i < tensors.size(); i++) {
-          at::Tensor &t = tensors[i];
-          ncclResult_t r =
-              ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t, ""), ops[i], comm_, nullptr);
-          if (r != ncclSuccess)
-            return r;
-        }
-        return ncclSuccess;
-      });
-    });
+    std::vector<at::Tensor> ts = tensors;
+    return enqueue(make_work(c10d::OpType::ALLREDUCE_COALESCED, "loom:all_reduce_coalesced", tensors, tensors),
+                   opts.timeout, "ncclAllReduce (allreduce_coalesced)", [this, ts, ops, dts] {
+                     return grouped([&]() -> ncclResult_t {
+                       for (size_t i = 0; i < ts.size(); i++) {
+                         ncclResult_t r = lm::ncclAllReduce(ts[i].data_ptr(), ts[i].data_ptr(), ts[i].numel(), dts[i],
+                                                        ops[i], comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors, const c10d::ReduceOptions &opts) override {
     check_single(tensors, "reduce's tensor");
     check_root(opts.rootRank, "reduce");
     TORCH_CHECK(opts.rootTensor == 0, "loom backend: reduce's rootTensor must be 0, not ", opts.rootTensor);
-    at::Tensor &t = tensors[0];
+    at::Tensor t = tensors[0];
     ncclRedOp_t op = nccl_op(opts.reduceOp, t);
-    return run(c10d::OpType::REDUCE, "loom:reduce", tensors, tensors, [&] {
-      return std::make_pair(ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t, ""), op,
-                                       (int)opts.rootRank, comm_, nullptr),
-                            "ncclReduce");
-    });
+    ncclDataType_t dt = nccl_type(t, "reduce's tensor");
+    int root = (int)opts.rootRank;
+    return enqueue(make_work(c10d::OpType::REDUCE, "loom:reduce", tensors, tensors), opts.timeout, "ncclReduce",
+                   [this, t, dt, op, root] {
+                     return lm::ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, root, comm_, nullptr);
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
                                            std::vector<at::Tensor> &inputs,
-                                           const c10d::AllgatherOptions & /* opts */) override {
+                                           const c10d::AllgatherOptions &opts) override {
     check_single(inputs, "allgather's input");
     TORCH_CHECK(outputs.size() == 1, "loom backend: allgather takes one list of output tensors, not ",
                 outputs.size());
-    at::Tensor &in = inputs[0];
-    auto &outs = outputs[0];
+    at::Tensor in = inputs[0];
+    auto outs = outputs[0];
     TORCH_CHECK((int)outs.size() == size_, "loom backend: allgather's output list has ", outs.size(),
                 " tensors but the group has ", size_, " ranks");
     for (auto &o : outs) {
       check_tensor(o, "an allgather output");
       check_like(o, in, "an allgather output", "the input");
     }
+    ncclDataType_t dt = nccl_type(in, "allgather's input");
     at::Tensor flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
     auto work = make_work(c10d::OpType::ALLGATHER, "loom:all_gather", outs, inputs);
     work->keep = {flat};
@@ -276,27 +264,55 @@ public:
       for (size_t r = 0; r < outs.size(); r++)
         outs[r].view({-1}).copy_(flat.narrow(0, (int64_t)r * n, n));
     };
-    return launch(work, [&] {
-      return std::make_pair(
-          ncclAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), nccl_type(in, ""), comm_, nullptr),
-          "ncclAllGather");
+    return enqueue(work, opts.timeout, "ncclAllGather", [this, in, flat, dt] {
+      return lm::ncclAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), dt, comm_, nullptr);
     });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
-                                                 const c10d::AllgatherOptions & /* opts */) override {
+                                                 const c10d::AllgatherOptions &opts) override {
     check_tensor(input, "all_gather_into_tensor's input");
     check_tensor(output, "all_gather_into_tensor's output");
     check_same_type(output, input, "all_gather_into_tensor's output", "its input");
     TORCH_CHECK(output.numel() == (int64_t)size_ * input.numel(), "loom backend: all_gather_into_tensor's output has ",
                 output.numel(), " elements but must have ", size_, " (ranks) x ", input.numel(),
                 " (the input's) = ", (int64_t)size_ * input.numel());
-    std::vector<at::Tensor> ins{input}, outs{output};
-    return run(c10d::OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", outs, ins, [&] {
-      return std::make_pair(
-          ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_type(input, ""), comm_, nullptr),
-          "ncclAllGather");
-    });
+    ncclDataType_t dt = nccl_type(input, "");
+    at::Tensor in = input, out = output;
+    return enqueue(make_work(c10d::OpType::_ALLGATHER_BASE, "loom:all_gather_into_tensor", {output}, {input}),
+                   opts.timeout, "ncclAllGather", [this, in, out, dt] {
+                     return lm::ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), dt, comm_, nullptr);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                                                 std::vector<at::Tensor> &inputs,
+                                                                 const c10d::AllgatherOptions &opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: all_gather_into_tensor_coalesced has ",
+                outputs.size(), " outputs but ", inputs.size(), " inputs");
+    std::vector<ncclDataType_t> dts;
+    for (size_t i = 0; i < inputs.size(); i++) {
+      check_tensor(inputs[i], "an all_gather_into_tensor_coalesced input");
+      check_tensor(outputs[i], "an all_gather_into_tensor_coalesced output");
+      check_same_type(outputs[i], inputs[i], "an all_gather_into_tensor_coalesced output", "its input");
+      TORCH_CHECK(outputs[i].numel() == (int64_t)size_ * inputs[i].numel(), "loom backend: output ", i,
+                  " of all_gather_into_tensor_coalesced has ", outputs[i].numel(), " elements but must have ", size_,
+                  " x ", inputs[i].numel());
+      dts.push_back(nccl_type(inputs[i], ""));
+    }
+    std::vector<at::Tensor> ins = inputs, outs = outputs;
+    return enqueue(make_work(c10d::OpType::COALESCED, "loom:all_gather_into_tensor_coalesced", outputs, inputs),
+                   opts.timeout, "ncclAllGather (all_gather_into_tensor_coalesced)", [this, ins, outs, dts] {
+                     return grouped([&]() -> ncclResult_t {
+                       for (size_t i = 0; i < ins.size(); i++) {
+                         ncclResult_t r = lm::ncclAllGather(ins[i].data_ptr(), outs[i].data_ptr(), ins[i].numel(),
+                                                        dts[i], comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
@@ -309,20 +325,40 @@ public:
     for (size_t r = 0; r < outputs.size(); r++)
       TORCH_CHECK(outputs[r].size() == inputs.size(), "loom backend: all_gather_coalesced's output list for rank ",
                   r, " has ", outputs[r].size(), " tensors but there are ", inputs.size(), " inputs");
+    std::vector<at::Tensor> flats, ins = inputs;
+    std::vector<ncclDataType_t> dts;
     for (size_t i = 0; i < inputs.size(); i++) {
-      std::vector<std::vector<at::Tensor>> o(1);
-      for (size_t r = 0; r < outputs.size(); r++)
-        o[0].push_back(outputs[r][i]);
-      std::vector<at::Tensor> in{inputs[i]};
-      auto w = allgather(o, in, opts);
-      w->wait();
+      check_tensor(inputs[i], "an all_gather_coalesced input");
+      for (size_t r = 0; r < outputs.size(); r++) {
+        check_tensor(outputs[r][i], "an all_gather_coalesced output");
+        check_like(outputs[r][i], inputs[i], "an all_gather_coalesced output", "its input");
+      }
+      dts.push_back(nccl_type(inputs[i], ""));
+      flats.push_back(at::empty({(int64_t)size_ * inputs[i].numel()}, inputs[i].options()));
     }
-    std::vector<at::Tensor> flat;
+    std::vector<at::Tensor> flat_outs;
     for (auto &l : outputs)
-      flat.insert(flat.end(), l.begin(), l.end());
-    auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", flat, inputs);
-    work->complete(nullptr);
-    return work;
+      flat_outs.insert(flat_outs.end(), l.begin(), l.end());
+    auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "loom:all_gather_coalesced", flat_outs, inputs);
+    work->keep = flats;
+    work->post = [flats, outs = outputs, ins]() mutable {
+      for (size_t i = 0; i < ins.size(); i++) {
+        int64_t n = ins[i].numel();
+        for (size_t r = 0; r < outs.size(); r++)
+          outs[r][i].view({-1}).copy_(flats[i].narrow(0, (int64_t)r * n, n));
+      }
+    };
+    return enqueue(work, opts.timeout, "ncclAllGather (all_gather_coalesced)", [this, ins, flats, dts] {
+      return grouped([&]() -> ncclResult_t {
+        for (size_t i = 0; i < ins.size(); i++) {
+          ncclResult_t r = lm::ncclAllGather(ins[i].data_ptr(), flats[i].data_ptr(), ins[i].numel(), dts[i], comm_,
+                                         nullptr);
+          if (r != ncclSuccess)
+            return r;
+        }
+        return ncclSuccess;
+      });
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
@@ -331,7 +367,7 @@ public:
     check_single(outputs, "reduce_scatter's output");
     TORCH_CHECK(inputs.size() == 1, "loom backend: reduce_scatter takes one list of input tensors, not ",
                 inputs.size());
-    at::Tensor &out = outputs[0];
+    at::Tensor out = outputs[0];
     auto &ins = inputs[0];
     TORCH_CHECK((int)ins.size() == size_, "loom backend: reduce_scatter's input list has ", ins.size(),
                 " tensors but the group has ", size_, " ranks");
@@ -340,16 +376,15 @@ public:
       check_like(i, out, "a reduce_scatter input", "the output");
     }
     ncclRedOp_t op = nccl_op(opts.reduceOp, out);
-    std::vector<at::Tensor> flats;
+    ncclDataType_t dt = nccl_type(out, "");
+    std::vector<at::Tensor> views;
     for (auto &i : ins)
-      flats.push_back(i.view({-1}));
-    at::Tensor flat = at::cat(flats);
+      views.push_back(i.view({-1}));
+    at::Tensor flat = at::cat(views);
     auto work = make_work(c10d::OpType::REDUCE_SCATTER, "loom:reduce_scatter", outputs, ins);
     work->keep = {flat};
-    return launch(work, [&] {
-      return std::make_pair(ncclReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), nccl_type(out, ""), op,
-                                              comm_, nullptr),
-                            "ncclReduceScatter");
+    return enqueue(work, opts.timeout, "ncclReduceScatter", [this, flat, out, dt, op] {
+      return lm::ncclReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), dt, op, comm_, nullptr);
     });
   }
 
@@ -362,32 +397,66 @@ public:
                 input.numel(), " elements but must have ", size_, " (ranks) x ", output.numel(),
                 " (the output's) = ", (int64_t)size_ * output.numel());
     ncclRedOp_t op = nccl_op(opts.reduceOp, output);
-    std::vector<at::Tensor> ins{input}, outs{output};
-    return run(c10d::OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", outs, ins, [&] {
-      return std::make_pair(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                                              nccl_type(output, ""), op, comm_, nullptr),
-                            "ncclReduceScatter");
-    });
+    ncclDataType_t dt = nccl_type(output, "");
+    at::Tensor in = input, out = output;
+    return enqueue(make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "loom:reduce_scatter_tensor", {output}, {input}),
+                   opts.timeout, "ncclReduceScatter", [this, in, out, dt, op] {
+                     return lm::ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dt, op, comm_, nullptr);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                                                 std::vector<at::Tensor> &inputs,
+                                                                 const c10d::ReduceScatterOptions &opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: reduce_scatter_tensor_coalesced has ",
+                outputs.size(), " outputs but ", inputs.size(), " inputs");
+    std::vector<ncclDataType_t> dts;
+    std::vector<ncclRedOp_t> ops;
+    for (size_t i = 0; i < inputs.size(); i++) {
+      check_tensor(inputs[i], "a reduce_scatter_tensor_coalesced input");
+      check_tensor(outputs[i], "a reduce_scatter_tensor_coalesced output");
+      check_same_type(outputs[i], inputs[i], "a reduce_scatter_tensor_coalesced output", "its input");
+      TORCH_CHECK(inputs[i].numel() == (int64_t)size_ * outputs[i].numel(), "loom backend: input ", i,
+                  " of reduce_scatter_tensor_coalesced has ", inputs[i].numel(), " elements but must have ", size_,
+                  " x ", outputs[i].numel());
+      dts.push_back(nccl_type(outputs[i], ""));
+      ops.push_back(nccl_op(opts.reduceOp, outputs[i]));
+    }
+    std::vector<at::Tensor> ins = inputs, outs = outputs;
+    return enqueue(make_work(c10d::OpType::COALESCED, "loom:reduce_scatter_tensor_coalesced", outputs, inputs),
+                   opts.timeout, "ncclReduceScatter (reduce_scatter_tensor_coalesced)", [this, ins, outs, dts, ops] {
+                     return grouped([&]() -> ncclResult_t {
+                       for (size_t i = 0; i < ins.size(); i++) {
+                         ncclResult_t r = lm::ncclReduceScatter(ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel(),
+                                                            dts[i], ops[i], comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
                                                std::vector<int64_t> &outputSplitSizes,
                                                std::vector<int64_t> &inputSplitSizes,
-                                               const c10d::AllToAllOptions & /* opts */) override {
+                                               const c10d::AllToAllOptions &opts) override {
     check_tensor(input, "all_to_all_single's input");
     check_tensor(output, "all_to_all_single's output");
     check_same_type(output, input, "all_to_all_single's output", "its input");
     std::vector<int64_t> scount, soff, rcount, roff;
     splits(input, inputSplitSizes, "input", scount, soff);
     splits(output, outputSplitSizes, "output", rcount, roff);
-    std::vector<at::Tensor> ins{input}, outs{output};
-    return run(c10d::OpType::ALLTOALL_BASE, "loom:all_to_all_single", outs, ins, [&] {
-      return exchange(input, scount, soff, output, rcount, roff, "ncclSend/ncclRecv (all_to_all_single)");
-    });
+    TORCH_CHECK(scount[rank_] == rcount[rank_], "loom backend: all_to_all_single sends ", scount[rank_],
+                " elements to its own rank but receives ", rcount[rank_]);
+    at::Tensor in = input, out = output;
+    return enqueue(make_work(c10d::OpType::ALLTOALL_BASE, "loom:all_to_all_single", {output}, {input}),
+                   opts.timeout, "ncclSend/ncclRecv (all_to_all_single)",
+                   [this, in, out, scount, soff, rcount, roff] { return exchange(in, scount, soff, out, rcount, roff); });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
-                                          const c10d::AllToAllOptions & /* opts */) override {
+                                          const c10d::AllToAllOptions &opts) override {
     TORCH_CHECK((int)inputs.size() == size_ && (int)outputs.size() == size_, "loom backend: all_to_all takes ",
                 size_, " input and ", size_, " output tensors (one per rank), not ", inputs.size(), " and ",
                 outputs.size());
@@ -397,40 +466,41 @@ public:
       check_same_type(inputs[r], inputs[0], "an all_to_all input", "the first input");
       check_same_type(outputs[r], inputs[0], "an all_to_all output", "the first input");
     }
-    return run(c10d::OpType::ALLTOALL, "loom:all_to_all", outputs, inputs, [&] {
-      return grouped("ncclSend/ncclRecv (all_to_all)", [&]() -> ncclResult_t {
-        for (int p = 0; p < size_; p++) {
-          if (p == rank_) {
-            if (outputs[p].numel() == inputs[p].numel())
-              outputs[p].view({-1}).copy_(inputs[p].view({-1}));
-            else
-              TORCH_CHECK(false, "loom backend: all_to_all's own input has ", inputs[p].numel(),
-                          " elements but its own output ", outputs[p].numel());
-            continue;
-          }
-          ncclResult_t r = ncclSuccess;
-          if (inputs[p].numel() > 0)
-            r = ncclSend(inputs[p].data_ptr(), inputs[p].numel(), nccl_type(inputs[p], ""), p, comm_, nullptr);
-          if (r == ncclSuccess && outputs[p].numel() > 0)
-            r = ncclRecv(outputs[p].data_ptr(), outputs[p].numel(), nccl_type(outputs[p], ""), p, comm_, nullptr);
-          if (r != ncclSuccess)
-            return r;
-        }
-        return ncclSuccess;
-      });
-    });
+    TORCH_CHECK(outputs[rank_].numel() == inputs[rank_].numel(), "loom backend: all_to_all's own input has ",
+                inputs[rank_].numel(), " elements but its own output ", outputs[rank_].numel());
+    ncclDataType_t dt = nccl_type(inputs[0], "");
+    std::vector<at::Tensor> ins = inputs, outs = outputs;
+    return enqueue(make_work(c10d::OpType::ALLTOALL, "loom:all_to_all", outputs, inputs), opts.timeout,
+                   "ncclSend/ncclRecv (all_to_all)", [this, ins, outs, dt] {
+                     return grouped([&]() -> ncclResult_t {
+                       for (int p = 0; p < size_; p++) {
+                         if (p == rank_) {
+                           outs[p].view({-1}).copy_(ins[p].view({-1}));
+                           continue;
+                         }
+                         ncclResult_t r = ncclSuccess;
+                         if (ins[p].numel() > 0)
+                           r = lm::ncclSend(ins[p].data_ptr(), ins[p].numel(), dt, p, comm_, nullptr);
+                         if (r == ncclSuccess && outs[p].numel() > 0)
+                           r = lm::ncclRecv(outs[p].data_ptr(), outs[p].numel(), dt, p, comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
                                         std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) override {
     check_single(inputs, "gather's input");
     check_root(opts.rootRank, "gather");
-    at::Tensor &in = inputs[0];
+    at::Tensor in = inputs[0];
     int root = (int)opts.rootRank;
     std::vector<at::Tensor> outs;
     if (rank_ == root) {
-      TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_, "loom backend: gather's root needs one list of ",
-                  size_, " output tensors");
+      TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_,
+                  "loom backend: gather's root needs one list of ", size_, " output tensors");
       outs = outputs[0];
       for (auto &o : outs) {
         check_tensor(o, "a gather output");
@@ -440,23 +510,24 @@ public:
       TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                   "loom backend: gather's output list is only for the root rank ", root);
     }
-    return run(c10d::OpType::GATHER, "loom:gather", outs, inputs, [&] {
-      return grouped("ncclSend/ncclRecv (gather)", [&]() -> ncclResult_t {
-        ncclDataType_t dt = nccl_type(in, "");
-        if (rank_ != root)
-          return ncclSend(in.data_ptr(), in.numel(), dt, root, comm_, nullptr);
-        for (int p = 0; p < size_; p++) {
-          if (p == rank_) {
-            outs[p].copy_(in);
-            continue;
-          }
-          ncclResult_t r = ncclRecv(outs[p].data_ptr(), outs[p].numel(), dt, p, comm_, nullptr);
-          if (r != ncclSuccess)
-            return r;
-        }
-        return ncclSuccess;
-      });
-    });
+    ncclDataType_t dt = nccl_type(in, "gather's input");
+    return enqueue(make_work(c10d::OpType::GATHER, "loom:gather", outs, inputs), opts.timeout,
+                   "ncclSend/ncclRecv (gather)", [this, in, outs, root, dt] {
+                     return grouped([&]() -> ncclResult_t {
+                       if (rank_ != root)
+                         return lm::ncclSend(in.data_ptr(), in.numel(), dt, root, comm_, nullptr);
+                       for (int p = 0; p < size_; p++) {
+                         if (p == rank_) {
+                           outs[p].copy_(in);
+                           continue;
+                         }
+                         ncclResult_t r = lm::ncclRecv(outs[p].data_ptr(), outs[p].numel(), dt, p, comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
@@ -464,12 +535,12 @@ public:
                                          const c10d::ScatterOptions &opts) override {
     check_single(outputs, "scatter's output");
     check_root(opts.rootRank, "scatter");
-    at::Tensor &out = outputs[0];
+    at::Tensor out = outputs[0];
     int root = (int)opts.rootRank;
     std::vector<at::Tensor> ins;
     if (rank_ == root) {
-      TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_, "loom backend: scatter's root needs one list of ",
-                  size_, " input tensors");
+      TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_,
+                  "loom backend: scatter's root needs one list of ", size_, " input tensors");
       ins = inputs[0];
       for (auto &i : ins) {
         check_tensor(i, "a scatter input");
@@ -479,41 +550,42 @@ public:
       TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                   "loom backend: scatter's input list is only for the root rank ", root);
     }
-    return run(c10d::OpType::SCATTER, "loom:scatter", outputs, ins, [&] {
-      return grouped("ncclSend/ncclRecv (scatter)", [&]() -> ncclResult_t {
-        ncclDataType_t dt = nccl_type(out, "");
-        if (rank_ != root)
-          return ncclRecv(out.data_ptr(), out.numel(), dt, root, comm_, nullptr);
-        for (int p = 0; p < size_; p++) {
-          if (p == rank_) {
-            out.copy_(ins[p]);
-            continue;
-          }
-          ncclResult_t r = ncclSend(ins[p].data_ptr(), ins[p].numel(), dt, p, comm_, nullptr);
-          if (r != ncclSuccess)
-            return r;
-        }
-        return ncclSuccess;
-      });
-    });
+    ncclDataType_t dt = nccl_type(out, "scatter's output");
+    return enqueue(make_work(c10d::OpType::SCATTER, "loom:scatter", outputs, ins), opts.timeout,
+                   "ncclSend/ncclRecv (scatter)", [this, out, ins, root, dt] {
+                     return grouped([&]() -> ncclResult_t {
+                       if (rank_ != root)
+                         return lm::ncclRecv(out.data_ptr(), out.numel(), dt, root, comm_, nullptr);
+                       for (int p = 0; p < size_; p++) {
+                         if (p == rank_) {
+                           out.copy_(ins[p]);
+                           continue;
+                         }
+                         ncclResult_t r = lm::ncclSend(ins[p].data_ptr(), ins[p].numel(), dt, p, comm_, nullptr);
+                         if (r != ncclSuccess)
+                           return r;
+                       }
+                       return ncclSuccess;
+                     });
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dstRank, int /* tag */) override {
     check_single(tensors, "send's tensor");
     check_peer(dstRank, "send");
-    at::Tensor &t = tensors[0];
-    return run(c10d::OpType::SEND, "loom:send", {}, tensors, [&] {
-      return std::make_pair(ncclSend(t.data_ptr(), t.numel(), nccl_type(t, ""), dstRank, comm_, nullptr), "ncclSend");
-    });
+    at::Tensor t = tensors[0];
+    ncclDataType_t dt = nccl_type(t, "send's tensor");
+    return enqueue(make_work(c10d::OpType::SEND, "loom:send", {}, tensors), c10d::kUnsetTimeout, "ncclSend",
+                   [this, t, dt, dstRank] { return lm::ncclSend(t.data_ptr(), t.numel(), dt, dstRank, comm_, nullptr); });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank, int /* tag */) override {
     check_single(tensors, "recv's tensor");
     check_peer(srcRank, "recv");
-    at::Tensor &t = tensors[0];
-    return run(c10d::OpType::RECV, "loom:recv", tensors, {}, [&] {
-      return std::make_pair(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t, ""), srcRank, comm_, nullptr), "ncclRecv");
-    });
+    at::Tensor t = tensors[0];
+    ncclDataType_t dt = nccl_type(t, "recv's tensor");
+    return enqueue(make_work(c10d::OpType::RECV, "loom:recv", tensors, {}), c10d::kUnsetTimeout, "ncclRecv",
+                   [this, t, dt, srcRank] { return lm::ncclRecv(t.data_ptr(), t.numel(), dt, srcRank, comm_, nullptr); });
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> & /* tensors */, int /* tag */) override {
@@ -521,34 +593,110 @@ public:
                        "rank): name the source");
   }
 
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions & /* opts */) override {
-    std::vector<at::Tensor> none;
-    return run(c10d::OpType::BARRIER, "loom:barrier", none, none, [&] {
-      return std::make_pair(ncclAllReduce(&barrier_byte_, &barrier_byte_, 1, ncclUint8, ncclSum, comm_, nullptr),
-                            "ncclAllReduce (barrier)");
-    });
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
+    return enqueue(make_work(c10d::OpType::BARRIER, "loom:barrier", {}, {}), opts.timeout,
+                   "ncclAllReduce (barrier)", [this] {
+                     return lm::ncclAllReduce(&barrier_byte_, &barrier_byte_, 1, ncclUint8, ncclSum, comm_, nullptr);
+                   });
   }
+
+  // split_group: every rank of this group calls it, for the group of
+  // (sorted) ranks it belongs to, or for another when it belongs to none;
+  // those get no group (nullptr, as torch expects).
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> & /* store */,
+                                          const std::vector<int> &ranks,
+                                          const c10::intrusive_ptr<Options> &opts) override {
+    auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    bool member = it != ranks.end();
+    for (int r : ranks)
+      TORCH_CHECK(r >= 0 && r < size_, "loom backend: split names rank ", r, ", not a rank of this group of ", size_);
+    int color = member ? *std::min_element(ranks.begin(), ranks.end()) : NCCL_SPLIT_NOCOLOR;
+    int key = member ? (int)(it - ranks.begin()) : 0;
+    auto child = std::make_shared<ncclComm_t>(nullptr);
+    // ncclCommSplit is a call on this group's communicator: it takes its
+    // place in the queue, and the caller waits for it.
+    auto work = enqueue(make_work(c10d::OpType::UNKNOWN, "loom:split", {}, {}), c10d::kUnsetTimeout,
+                        "ncclCommSplit", [this, color, key, child] {
+                          return lm::ncclCommSplit(comm_, color, key, child.get(), nullptr);
+                        });
+    work->wait();
+    if (!member)
+      return nullptr;
+    TORCH_CHECK(*child != nullptr, "loom backend: ncclCommSplit made no communicator for rank ", rank_);
+    auto o = opts ? opts : options_;
+    return c10::make_intrusive<ProcessGroupLoom>(*child, key, (int)ranks.size(), o);
+  }
+
+  // Ends the communicator at once (ncclCommAbort): a call in progress on
+  // the worker returns with an error, and the queued ones fail.
+  void abort() override {
+    mark_broken("the process group was aborted (abort())", false);
+    ncclComm_t c = comm_.exchange(nullptr);
+    if (c != nullptr)
+      lm::ncclCommAbort(c);
+  }
+
+  // destroy_process_group: what was queued runs, then the communicator ends.
+  void shutdown() override { close(); }
 
   // For tests and diagnostics: the transport to a peer, as Loom names it.
   std::string peerTransport(int peer) {
     const char *name = nullptr;
-    if (comm_ == nullptr || loomCommPeerTransport(comm_, peer, &name) != ncclSuccess || name == nullptr)
+    ncclComm_t c = comm_.load();
+    if (c == nullptr || lm::loomCommPeerTransport(c, peer, &name) != ncclSuccess || name == nullptr)
       return "unknown";
     return name;
   }
 
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store> &store, int rank,
-                                                       int size, const std::chrono::duration<float> & /* timeout */) {
-    return c10::make_intrusive<ProcessGroupLoom>(store, rank, size);
+  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                                                  const std::chrono::duration<float> &timeout) {
+    return c10::make_intrusive<ProcessGroupLoom>(store, rank, size,
+                                                 std::chrono::duration_cast<ms>(timeout));
   }
 
 private:
-  using Launch = std::pair<ncclResult_t, const char *>;
+  // One queued call during coalescing.
+  struct Pending {
+    c10::intrusive_ptr<LoomWork> work;
+    std::function<ncclResult_t()> calls;
+    std::string call;
+    ms timeout;
+  };
+
+  void adopt(ncclComm_t comm) {
+    int is_host = 0;
+    if (lm::loomCommIsHost(comm, &is_host) != ncclSuccess || !is_host) {
+      lm::ncclCommAbort(comm);
+      TORCH_CHECK(false, "loom backend: Loom made a CUDA communicator, but the loom backend needs a host one");
+    }
+    comm_ = comm;
+    worker_ = std::make_unique<LoomWorker>();
+  }
+
+  void close() {
+    worker_.reset(); // runs what is queued
+    ncclComm_t c = comm_.exchange(nullptr);
+    if (c == nullptr)
+      return;
+    if (broken_)
+      lm::ncclCommAbort(c);
+    else
+      lm::ncclCommDestroy(c);
+  }
 
   void check_live() {
-    TORCH_CHECK(comm_ != nullptr && !broken_, "loom backend: this process group's communicator was aborted after an "
-                                              "earlier failure: ",
-                broken_msg_, " [destroy the group and make a new one]");
+    if (!broken_ && comm_.load() != nullptr)
+      return;
+    TORCH_CHECK(false, unusable());
+  }
+
+  // Why calls on this group are refused.
+  std::string unusable() {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (broken_msg_.empty())
+      return "loom backend: this process group was shut down (destroy_process_group)";
+    return c10::str("loom backend: this process group's communicator was aborted after an earlier failure: ",
+                    broken_msg_, " [destroy the group and make a new one]");
   }
 
   void check_root(int64_t root, const char *what) {
@@ -591,16 +739,13 @@ private:
     }
   }
 
-  Launch exchange(const at::Tensor &in, const std::vector<int64_t> &scount, const std::vector<int64_t> &soff,
-                  at::Tensor &out, const std::vector<int64_t> &rcount, const std::vector<int64_t> &roff,
-                  const char *what) {
+  ncclResult_t exchange(const at::Tensor &in, const std::vector<int64_t> &scount, const std::vector<int64_t> &soff,
+                        const at::Tensor &out, const std::vector<int64_t> &rcount, const std::vector<int64_t> &roff) {
     ncclDataType_t dt = nccl_type(in, "");
     size_t esz = in.element_size();
     char *sp = static_cast<char *>(in.data_ptr());
     char *rp = static_cast<char *>(out.data_ptr());
-    TORCH_CHECK(scount[rank_] == rcount[rank_], "loom backend: all_to_all_single sends ", scount[rank_],
-                " elements to its own rank but receives ", rcount[rank_]);
-    return grouped(what, [&]() -> ncclResult_t {
+    return grouped([&]() -> ncclResult_t {
       for (int p = 0; p < size_; p++) {
         if (p == rank_) {
           if (scount[p] > 0)
@@ -609,9 +754,9 @@ private:
         }
         ncclResult_t r = ncclSuccess;
         if (scount[p] > 0)
-          r = ncclSend(sp + soff[p] * esz, scount[p], dt, p, comm_, nullptr);
+          r = lm::ncclSend(sp + soff[p] * esz, scount[p], dt, p, comm_, nullptr);
         if (r == ncclSuccess && rcount[p] > 0)
-          r = ncclRecv(rp + roff[p] * esz, rcount[p], dt, p, comm_, nullptr);
+          r = lm::ncclRecv(rp + roff[p] * esz, rcount[p], dt, p, comm_, nullptr);
         if (r != ncclSuccess)
           return r;
       }
@@ -620,104 +765,144 @@ private:
   }
 
   // Runs calls inside ncclGroupStart/End; the first failure is the result.
-  template <typename F> Launch grouped(const char *what, F &&calls) {
-    ncclResult_t r = ncclGroupStart();
+  template <typename F> ncclResult_t grouped(F &&calls) {
+    ncclResult_t r = lm::ncclGroupStart();
     if (r != ncclSuccess)
-      return {r, "ncclGroupStart"};
+      return r;
     ncclResult_t rc;
     try {
       rc = calls();
     } catch (...) {
-      ncclGroupEnd();
+      lm::ncclGroupEnd();
       throw;
     }
-    ncclResult_t re = ncclGroupEnd();
-    if (rc != ncclSuccess)
-      return {rc, what};
-    return {re, "ncclGroupEnd"};
+    ncclResult_t re = lm::ncclGroupEnd();
+    return rc != ncclSuccess ? rc : re;
   }
 
   c10::intrusive_ptr<LoomWork> make_work(c10d::OpType type, const char *title, const std::vector<at::Tensor> &outs,
                                          const std::vector<at::Tensor> &ins) {
-    return c10::make_intrusive<LoomWork>(rank_, type, title, outs, c10::optional<std::vector<at::Tensor>>(ins));
+    return c10::make_intrusive<LoomWork>(rank_, type, title, outs, ins);
   }
 
-  template <typename F>
-  c10::intrusive_ptr<c10d::Work> run(c10d::OpType type, const char *title, const std::vector<at::Tensor> &outs,
-                                     const std::vector<at::Tensor> &ins, F &&calls) {
-    return launch(make_work(type, title, outs, ins), std::forward<F>(calls));
-  }
-
-  // Makes the calls; outside a coalesced group the work completes now,
-  // inside one at _end_coalescing.
-  template <typename F> c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<LoomWork> work, F &&calls) {
-    std::exception_ptr e;
+  // Queues the calls for the worker (or, while coalescing, for
+  // endCoalescing's group) and returns the Work they complete.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10::intrusive_ptr<LoomWork> work, ms timeout, const char *call,
+                                         std::function<ncclResult_t()> calls) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       check_live();
-      Launch l = calls();
-      if (l.first != ncclSuccess)
-        e = failure(l.first, l.second);
+      seq_++;
       if (coalescing_) {
-        if (e && !pending_error_)
-          pending_error_ = e;
-        work->pending = true;
-        pending_.push_back(work);
+        coalesced_.push_back(Pending{work, std::move(calls), call, timeout});
         return work;
       }
     }
-    work->complete(e);
+    if (timeout == c10d::kUnsetTimeout)
+      timeout = options_->timeout;
+    LoomJob job;
+    job.works.push_back(work);
+    job.run = [this, calls = std::move(calls), call = std::string(call), timeout]() -> std::exception_ptr {
+      std::exception_ptr e = begin(timeout);
+      if (e)
+        return e;
+      ncclResult_t r = calls();
+      return r == ncclSuccess ? nullptr : failure(r, call.c_str(), timeout);
+    };
+    worker_->push(std::move(job));
     return work;
   }
 
-  // The exception for a failed call, with Loom's sentence. A failure other
-  // than a local argument error may leave the ranks out of step, so the
-  // communicator is marked broken (aborted when the group is destroyed).
-  std::exception_ptr failure(ncclResult_t r, const char *call) {
-    const char *last = ncclGetLastError(comm_);
-    std::string msg = c10::str("loom backend: ", call, " failed on rank ", rank_, " of ", size_, ": ",
-                               ncclGetErrorString(r), ": ", last && last[0] ? last : "(no detail)");
-    if (r != ncclInvalidArgument) {
-      broken_ = true;
-      broken_msg_ = msg;
+  // On the worker, before a job's calls: refuses them on a broken group,
+  // and gives the communicator the job's time bound.
+  std::exception_ptr begin(ms timeout) {
+    if (broken_ || comm_.load() == nullptr)
+      return make_error(unusable());
+    if (timeout != comm_timeout_) {
+      // Loom takes 1 ms to 1e9 s; torch's timedelta may be 0 or huge.
+      double s = std::min(std::max(timeout.count() / 1000.0, 0.001), 1e9);
+      ncclResult_t r = lm::loomCommSetTimeout(comm_, s);
+      if (r != ncclSuccess)
+        return failure(r, "loomCommSetTimeout", timeout);
+      comm_timeout_ = timeout;
     }
-    return std::make_exception_ptr(c10::Error(msg, ""));
+    return nullptr;
   }
 
-  void call(ncclResult_t r, const char *what) {
-    if (r != ncclSuccess)
-      std::rethrow_exception(failure(r, what));
+  static std::exception_ptr make_error(const std::string &msg) {
+    return std::make_exception_ptr(
+        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
   }
 
-  ncclComm_t comm_ = nullptr;
-  std::mutex mu_;
+  void mark_broken(const std::string &msg, bool timed_out) {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (broken_)
+      return;
+    broken_msg_ = msg;
+    timed_out_ = timed_out;
+    broken_ = true;
+  }
+
+  // The exception for a failed call, with Loom's sentence. After any
+  // failure but an argument error the communicator is aborted at once.
+  std::exception_ptr failure(ncclResult_t r, const char *call, ms timeout) {
+    const char *last = lm::ncclGetLastError(comm_);
+    std::string why = last && last[0] ? last : "(no detail)";
+    bool timed_out = why.find("timed out") != std::string::npos;
+    std::string msg = timed_out ? c10::str("loom backend: Timed out waiting ", timeout.count(), "ms for ", call,
+                                           " on rank ", rank_, " of ", size_, ": ", why)
+                                : c10::str("loom backend: ", call, " failed on rank ", rank_, " of ", size_, ": ",
+                                           lm::ncclGetErrorString(r), ": ", why);
+    if (r != ncclInvalidArgument) {
+      mark_broken(msg, timed_out);
+      ncclComm_t c = comm_.exchange(nullptr);
+      if (c != nullptr)
+        lm::ncclCommAbort(c);
+    }
+    return make_error(msg);
+  }
+
+  c10::intrusive_ptr<Options> options_;
+  std::atomic<ncclComm_t> comm_{nullptr};
+  std::unique_ptr<LoomWorker> worker_;
+  std::mutex mu_; // coalescing_, coalesced_, seq_
   bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<LoomWork>> pending_;
-  std::exception_ptr pending_error_;
-  bool broken_ = false;
+  std::vector<Pending> coalesced_;
+  uint64_t seq_ = 0;
+  std::mutex broken_mu_;
+  std::atomic<bool> broken_{false};
+  bool timed_out_ = false;
   std::string broken_msg_;
+  ms comm_timeout_{-2}; // the worker's: the bound last given to Loom
   uint8_t barrier_byte_ = 0;
 };
 
 } // namespace loom_torch
 
+#include "loom_torch_sparse.h"
+
 PYBIND11_MODULE(_C, m) {
   namespace py = pybind11;
   m.doc() = "Loom's torch.distributed backend (ProcessGroupLoom); import loom_torch to register it";
-  py::class_<loom_torch::ProcessGroupLoom, c10d::ProcessGroup, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
+  lm::table(); // Loom's library, loaded now: a failure is the import's
+  py::module_::import("torch.distributed");
+  py::class_<loom_torch::ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
       m, "ProcessGroupLoom")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store> &store, int rank, int size) {
-             return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size);
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::call_guard<py::gil_scoped_release>())
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = kBackendDefaultTimeout,
+           py::call_guard<py::gil_scoped_release>())
       .def("peer_transport", &loom_torch::ProcessGroupLoom::peerTransport, py::arg("peer"));
   m.def("create_process_group", &loom_torch::ProcessGroupLoom::create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "The backend's creator: (store, rank, size, timeout) -> ProcessGroupLoom");
   m.def("nccl_version", []() {
     int v = 0;
-    ncclGetVersion(&v);
+    lm::ncclGetVersion(&v);
     return v;
   });
-  m.def("transports", []() { return std::string(loomTransports()); });
+  m.def("transports", []() { return std::string(lm::loomTransports()); });
+  m.def("library_path", []() { return lm::table().path; }, "The Loom library the backend loaded");
 }

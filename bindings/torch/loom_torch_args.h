@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loom.h"
 #include "nccl.h"
 
 namespace loom_torch {
@@ -93,14 +94,19 @@ ncclRedOp_t nccl_op(const c10d::ReduceOp &rop, const at::Tensor &t) {
     return ncclAvg;
   case c10d::ReduceOp::BAND:
   case c10d::ReduceOp::BOR:
-    if (is_bool)
+  case c10d::ReduceOp::BXOR:
+    // bool travels as uint8 holding 0 or 1: AND and OR are MIN and MAX
+    // there, and XOR of 0s and 1s stays 0 or 1.
+    if (is_bool && op != c10d::ReduceOp::BXOR)
       return op == c10d::ReduceOp::BAND ? ncclMin : ncclMax;
+    if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true))
+      return op == c10d::ReduceOp::BAND ? loomBand : op == c10d::ReduceOp::BOR ? loomBor : loomBxor;
     break;
   default:
     break;
   }
   TORCH_CHECK(false, "loom backend: ReduceOp.", op_name(op), " is not supported on ", t.scalar_type(),
-              " (Loom has SUM, PRODUCT, MIN, MAX and AVG; BAND and BOR only on bool)");
+              " (Loom has SUM, PRODUCT, MIN, MAX and AVG, and BAND, BOR and BXOR on integer and bool tensors)");
 }
 
 void check_tensor(const at::Tensor &t, const char *what) {
