@@ -227,24 +227,27 @@ def worker_list(out_fd):
         json.dump(res, f)
 
 
-def _accelerators_needed(fn):
-    """How many accelerators the test's own decorators demand of each rank
-    (skip_if_no_gpu, skip_if_lt_x_gpu without allow_cpu), or 0. Those exit
-    the rank with a skip code once it has started; torch's collection-time
-    resolver reads the same decorators (_min_gpus_required) to skip without
-    starting ranks, and so does this."""
-    need = 0
+def _skip_without_ranks(fn, devices, world_size, backend):
+    """Why the test's own decorators will skip it once its ranks have
+    started, or None: skip_if_no_gpu and skip_if_lt_x_gpu (without
+    allow_cpu) with fewer accelerators than they demand, skip_if_small_worldsize
+    and skip_if_odd_worldsize. torch's collection-time resolver reads the
+    same decorators (_min_gpus_required) to skip without starting ranks."""
     while fn is not None:
         code = getattr(fn, "__code__", None)
         q = getattr(code, "co_qualname", "")
-        if q.startswith("skip_if_no_gpu."):
-            need = max(need, 1)
-        elif q.startswith("skip_if_lt_x_gpu."):
-            cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
-            if not cells.get("allow_cpu", False):
-                need = max(need, int(cells.get("x", 1)))
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()))) if code else {}
+        if q.startswith("skip_if_no_gpu.") and devices < max(1, world_size):
+            return "needs %d accelerators, this machine has %d" % (world_size, devices)
+        if q.startswith("skip_if_lt_x_gpu.") and not cells.get("allow_cpu", False) \
+                and devices < int(cells.get("x", 1)):
+            return "needs %d accelerators, this machine has %d" % (int(cells.get("x", 1)), devices)
+        if q.startswith("skip_if_small_worldsize.") and backend != "mpi" and world_size < 8:
+            return "small world size (skip_if_small_worldsize wants 8 ranks)"
+        if q.startswith("skip_if_odd_worldsize.") and backend != "mpi" and world_size % 2 == 1:
+            return "odd world size"
         fn = getattr(fn, "__wrapped__", None)
-    return need
+    return None
 
 
 def worker_run(names, out_fd, timeout):
@@ -266,10 +269,9 @@ def worker_run(names, out_fd, timeout):
         t0 = time.monotonic()
         result = unittest.TestResult()
         fn = getattr(TestDistBackendWithSpawn, name)
-        need = _accelerators_needed(fn)
-        if preskip and need > devices and not getattr(fn, "__unittest_skip__", False):
-            result.skipped.append((name, "needs %d accelerator(s), this machine has %d "
-                                   "(skipped without starting ranks; --spawn-gpu-tests starts them)" % (need, devices)))
+        why = _skip_without_ranks(fn, devices, int(os.environ["WORLD_SIZE"]), os.environ["BACKEND"])
+        if preskip and why and not getattr(fn, "__unittest_skip__", False):
+            result.skipped.append((name, why + " (skipped without starting ranks; --spawn-gpu-tests starts them)"))
         else:
             unittest.TestSuite([TestDistBackendWithSpawn(name)]).run(result)
         secs = time.monotonic() - t0
@@ -397,7 +399,17 @@ class Runner:
                                 results[ev["test"]] = {k: ev[k] for k in ("outcome", "seconds", "reason")}
                                 pending.remove(ev["test"])
                                 self._progress(ev["test"], results[ev["test"]])
-                                current = None
+                                current, started = None, time.monotonic()
+                    elif current is None and time.monotonic() - started > self._limit(None):
+                        # No test under way and no word: the worker is stuck
+                        # importing or between tests.
+                        self._kill(p)
+                        for n in pending:
+                            results[n] = {"outcome": "errored", "seconds": 0,
+                                          "reason": "the worker gave no sign for %ds; killed\n%s"
+                                          % (self._limit(None), self._log_tail())}
+                            self._progress(n, results[n])
+                        return
                     elif current and time.monotonic() - started > self._limit(current):
                         self._kill(p)
                         results[current] = {"outcome": "failed", "seconds": round(time.monotonic() - started, 2),
@@ -541,8 +553,8 @@ def parse_args(argv):
     ap.add_argument("--import", dest="import_", help="module(s) the ranks import to register a plugin backend")
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--spawn-gpu-tests", action="store_true",
-                    help="start the ranks of tests whose decorators demand more accelerators than "
-                         "there are, as upstream does (they skip after seconds each)")
+                    help="start the ranks of tests whose decorators will skip them (too few accelerators "
+                         "or ranks), as upstream does (they skip after seconds each)")
     ap.add_argument("--log", help="keep the output of the tests and their ranks in this file")
     ap.add_argument("--start", choices=("forkserver", "spawn"), default="forkserver",
                     help="how ranks start: forked from a server that imported the suite once "
