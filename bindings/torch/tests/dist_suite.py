@@ -9,8 +9,12 @@ only:
     dist_suite.py --compare --backend loom --world-size N [...]
 
 The parent (this process, which never imports torch) runs the tests in a
-worker process, one after another; each rank of a test is a process the
-suite spawns from the worker, like upstream. The worker reports each test's
+worker process, one after another; each rank of a test is a fresh process
+the suite starts from the worker, forked from a forkserver that imported
+torch and the suite once (--start spawn: spawned like upstream, seconds
+each). Tests that their own decorators would skip inside the ranks (too few
+accelerators or ranks) are reported skipped without starting ranks
+(--spawn-gpu-tests starts them). The worker reports each test's
 start and end on a pipe; a test that outlives its limit has its worker's
 process group killed, counts as failed ("timeout") and the worker starts
 again on the tests after it, so a hang fails one test, not the run.
