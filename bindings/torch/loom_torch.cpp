@@ -194,10 +194,9 @@ public:
     at::Tensor t = tensors[0];
     ncclRedOp_t op = nccl_op(opts.reduceOp, t);
     ncclDataType_t dt = nccl_type(t, "allreduce's tensor");
-    return enqueue(make_work(c10d::OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors), opts.timeout,
-                   "ncclAllReduce", [this, t, dt, op] {
-                     return lm::ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, comm_, nullptr);
-                   });
+    return enqueue(
+        make_work(c10d::OpType::ALLREDUCE, "loom:all_reduce", tensors, tensors), opts.timeout, "ncclAllReduce",
+        [this, t, dt, op] { return lm::ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, comm_, nullptr); });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor> &tensors,
@@ -219,7 +218,7 @@ public:
                      return grouped([&]() -> ncclResult_t {
                        for (size_t i = 0; i < ts.size(); i++) {
                          ncclResult_t r = lm::ncclAllReduce(ts[i].data_ptr(), ts[i].data_ptr(), ts[i].numel(), dts[i],
-                                                        ops[i], comm_, nullptr);
+                                                            ops[i], comm_, nullptr);
                          if (r != ncclSuccess)
                            return r;
                        }
@@ -246,8 +245,7 @@ public:
                                            std::vector<at::Tensor> &inputs,
                                            const c10d::AllgatherOptions &opts) override {
     check_single(inputs, "allgather's input");
-    TORCH_CHECK(outputs.size() == 1, "loom backend: allgather takes one list of output tensors, not ",
-                outputs.size());
+    TORCH_CHECK(outputs.size() == 1, "loom backend: allgather takes one list of output tensors, not ", outputs.size());
     at::Tensor in = inputs[0];
     auto outs = outputs[0];
     TORCH_CHECK((int)outs.size() == size_, "loom backend: allgather's output list has ", outs.size(),
@@ -288,8 +286,8 @@ public:
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor> &outputs,
                                                                  std::vector<at::Tensor> &inputs,
                                                                  const c10d::AllgatherOptions &opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: all_gather_into_tensor_coalesced has ",
-                outputs.size(), " outputs but ", inputs.size(), " inputs");
+    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: all_gather_into_tensor_coalesced has ", outputs.size(),
+                " outputs but ", inputs.size(), " inputs");
     std::vector<ncclDataType_t> dts;
     for (size_t i = 0; i < inputs.size(); i++) {
       check_tensor(inputs[i], "an all_gather_into_tensor_coalesced input");
@@ -306,7 +304,7 @@ public:
                      return grouped([&]() -> ncclResult_t {
                        for (size_t i = 0; i < ins.size(); i++) {
                          ncclResult_t r = lm::ncclAllGather(ins[i].data_ptr(), outs[i].data_ptr(), ins[i].numel(),
-                                                        dts[i], comm_, nullptr);
+                                                            dts[i], comm_, nullptr);
                          if (r != ncclSuccess)
                            return r;
                        }
@@ -323,8 +321,8 @@ public:
     TORCH_CHECK((int)outputs.size() == size_, "loom backend: all_gather_coalesced has ", outputs.size(),
                 " output lists but the group has ", size_, " ranks: it takes one list per rank");
     for (size_t r = 0; r < outputs.size(); r++)
-      TORCH_CHECK(outputs[r].size() == inputs.size(), "loom backend: all_gather_coalesced's output list for rank ",
-                  r, " has ", outputs[r].size(), " tensors but there are ", inputs.size(), " inputs");
+      TORCH_CHECK(outputs[r].size() == inputs.size(), "loom backend: all_gather_coalesced's output list for rank ", r,
+                  " has ", outputs[r].size(), " tensors but there are ", inputs.size(), " inputs");
     std::vector<at::Tensor> flats, ins = inputs;
     std::vector<ncclDataType_t> dts;
     for (size_t i = 0; i < inputs.size(); i++) {
@@ -351,8 +349,8 @@ public:
     return enqueue(work, opts.timeout, "ncclAllGather (all_gather_coalesced)", [this, ins, flats, dts] {
       return grouped([&]() -> ncclResult_t {
         for (size_t i = 0; i < ins.size(); i++) {
-          ncclResult_t r = lm::ncclAllGather(ins[i].data_ptr(), flats[i].data_ptr(), ins[i].numel(), dts[i], comm_,
-                                         nullptr);
+          ncclResult_t r =
+              lm::ncclAllGather(ins[i].data_ptr(), flats[i].data_ptr(), ins[i].numel(), dts[i], comm_, nullptr);
           if (r != ncclSuccess)
             return r;
         }
@@ -408,8 +406,8 @@ public:
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor> &outputs,
                                                                  std::vector<at::Tensor> &inputs,
                                                                  const c10d::ReduceScatterOptions &opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: reduce_scatter_tensor_coalesced has ",
-                outputs.size(), " outputs but ", inputs.size(), " inputs");
+    TORCH_CHECK(outputs.size() == inputs.size(), "loom backend: reduce_scatter_tensor_coalesced has ", outputs.size(),
+                " outputs but ", inputs.size(), " inputs");
     std::vector<ncclDataType_t> dts;
     std::vector<ncclRedOp_t> ops;
     for (size_t i = 0; i < inputs.size(); i++) {
@@ -428,7 +426,7 @@ public:
                      return grouped([&]() -> ncclResult_t {
                        for (size_t i = 0; i < ins.size(); i++) {
                          ncclResult_t r = lm::ncclReduceScatter(ins[i].data_ptr(), outs[i].data_ptr(), outs[i].numel(),
-                                                            dts[i], ops[i], comm_, nullptr);
+                                                                dts[i], ops[i], comm_, nullptr);
                          if (r != ncclSuccess)
                            return r;
                        }
@@ -440,143 +438,22 @@ public:
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
                                                std::vector<int64_t> &outputSplitSizes,
                                                std::vector<int64_t> &inputSplitSizes,
-                                               const c10d::AllToAllOptions &opts) override {
-    check_tensor(input, "all_to_all_single's input");
-    check_tensor(output, "all_to_all_single's output");
-    check_same_type(output, input, "all_to_all_single's output", "its input");
-    std::vector<int64_t> scount, soff, rcount, roff;
-    splits(input, inputSplitSizes, "input", scount, soff);
-    splits(output, outputSplitSizes, "output", rcount, roff);
-    TORCH_CHECK(scount[rank_] == rcount[rank_], "loom backend: all_to_all_single sends ", scount[rank_],
-                " elements to its own rank but receives ", rcount[rank_]);
-    at::Tensor in = input, out = output;
-    return enqueue(make_work(c10d::OpType::ALLTOALL_BASE, "loom:all_to_all_single", {output}, {input}),
-                   opts.timeout, "ncclSend/ncclRecv (all_to_all_single)",
-                   [this, in, out, scount, soff, rcount, roff] { return exchange(in, scount, soff, out, rcount, roff); });
-  }
-
+                                               const c10d::AllToAllOptions &opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
-                                          const c10d::AllToAllOptions &opts) override {
-    TORCH_CHECK((int)inputs.size() == size_ && (int)outputs.size() == size_, "loom backend: all_to_all takes ",
-                size_, " input and ", size_, " output tensors (one per rank), not ", inputs.size(), " and ",
-                outputs.size());
-    for (int r = 0; r < size_; r++) {
-      check_tensor(inputs[r], "an all_to_all input");
-      check_tensor(outputs[r], "an all_to_all output");
-      check_same_type(inputs[r], inputs[0], "an all_to_all input", "the first input");
-      check_same_type(outputs[r], inputs[0], "an all_to_all output", "the first input");
-    }
-    TORCH_CHECK(outputs[rank_].numel() == inputs[rank_].numel(), "loom backend: all_to_all's own input has ",
-                inputs[rank_].numel(), " elements but its own output ", outputs[rank_].numel());
-    ncclDataType_t dt = nccl_type(inputs[0], "");
-    std::vector<at::Tensor> ins = inputs, outs = outputs;
-    return enqueue(make_work(c10d::OpType::ALLTOALL, "loom:all_to_all", outputs, inputs), opts.timeout,
-                   "ncclSend/ncclRecv (all_to_all)", [this, ins, outs, dt] {
-                     return grouped([&]() -> ncclResult_t {
-                       for (int p = 0; p < size_; p++) {
-                         if (p == rank_) {
-                           outs[p].view({-1}).copy_(ins[p].view({-1}));
-                           continue;
-                         }
-                         ncclResult_t r = ncclSuccess;
-                         if (ins[p].numel() > 0)
-                           r = lm::ncclSend(ins[p].data_ptr(), ins[p].numel(), dt, p, comm_, nullptr);
-                         if (r == ncclSuccess && outs[p].numel() > 0)
-                           r = lm::ncclRecv(outs[p].data_ptr(), outs[p].numel(), dt, p, comm_, nullptr);
-                         if (r != ncclSuccess)
-                           return r;
-                       }
-                       return ncclSuccess;
-                     });
-                   });
-  }
-
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
-                                        std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) override {
-    check_single(inputs, "gather's input");
-    check_root(opts.rootRank, "gather");
-    at::Tensor in = inputs[0];
-    int root = (int)opts.rootRank;
-    std::vector<at::Tensor> outs;
-    if (rank_ == root) {
-      TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_,
-                  "loom backend: gather's root needs one list of ", size_, " output tensors");
-      outs = outputs[0];
-      for (auto &o : outs) {
-        check_tensor(o, "a gather output");
-        check_like(o, in, "a gather output", "the input");
-      }
-    } else {
-      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                  "loom backend: gather's output list is only for the root rank ", root);
-    }
-    ncclDataType_t dt = nccl_type(in, "gather's input");
-    return enqueue(make_work(c10d::OpType::GATHER, "loom:gather", outs, inputs), opts.timeout,
-                   "ncclSend/ncclRecv (gather)", [this, in, outs, root, dt] {
-                     return grouped([&]() -> ncclResult_t {
-                       if (rank_ != root)
-                         return lm::ncclSend(in.data_ptr(), in.numel(), dt, root, comm_, nullptr);
-                       for (int p = 0; p < size_; p++) {
-                         if (p == rank_) {
-                           outs[p].copy_(in);
-                           continue;
-                         }
-                         ncclResult_t r = lm::ncclRecv(outs[p].data_ptr(), outs[p].numel(), dt, p, comm_, nullptr);
-                         if (r != ncclSuccess)
-                           return r;
-                       }
-                       return ncclSuccess;
-                     });
-                   });
-  }
-
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
-                                         std::vector<std::vector<at::Tensor>> &inputs,
-                                         const c10d::ScatterOptions &opts) override {
-    check_single(outputs, "scatter's output");
-    check_root(opts.rootRank, "scatter");
-    at::Tensor out = outputs[0];
-    int root = (int)opts.rootRank;
-    std::vector<at::Tensor> ins;
-    if (rank_ == root) {
-      TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_,
-                  "loom backend: scatter's root needs one list of ", size_, " input tensors");
-      ins = inputs[0];
-      for (auto &i : ins) {
-        check_tensor(i, "a scatter input");
-        check_like(i, out, "a scatter input", "the output");
-      }
-    } else {
-      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                  "loom backend: scatter's input list is only for the root rank ", root);
-    }
-    ncclDataType_t dt = nccl_type(out, "scatter's output");
-    return enqueue(make_work(c10d::OpType::SCATTER, "loom:scatter", outputs, ins), opts.timeout,
-                   "ncclSend/ncclRecv (scatter)", [this, out, ins, root, dt] {
-                     return grouped([&]() -> ncclResult_t {
-                       if (rank_ != root)
-                         return lm::ncclRecv(out.data_ptr(), out.numel(), dt, root, comm_, nullptr);
-                       for (int p = 0; p < size_; p++) {
-                         if (p == rank_) {
-                           out.copy_(ins[p]);
-                           continue;
-                         }
-                         ncclResult_t r = lm::ncclSend(ins[p].data_ptr(), ins[p].numel(), dt, p, comm_, nullptr);
-                         if (r != ncclSuccess)
-                           return r;
-                       }
-                       return ncclSuccess;
-                     });
-                   });
-  }
+                                          const c10d::AllToAllOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+                                        const c10d::GatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+                                         const c10d::ScatterOptions &opts) override;
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dstRank, int /* tag */) override {
     check_single(tensors, "send's tensor");
     check_peer(dstRank, "send");
     at::Tensor t = tensors[0];
     ncclDataType_t dt = nccl_type(t, "send's tensor");
-    return enqueue(make_work(c10d::OpType::SEND, "loom:send", {}, tensors), c10d::kUnsetTimeout, "ncclSend",
-                   [this, t, dt, dstRank] { return lm::ncclSend(t.data_ptr(), t.numel(), dt, dstRank, comm_, nullptr); });
+    return enqueue(
+        make_work(c10d::OpType::SEND, "loom:send", {}, tensors), c10d::kUnsetTimeout, "ncclSend",
+        [this, t, dt, dstRank] { return lm::ncclSend(t.data_ptr(), t.numel(), dt, dstRank, comm_, nullptr); });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank, int /* tag */) override {
@@ -584,8 +461,9 @@ public:
     check_peer(srcRank, "recv");
     at::Tensor t = tensors[0];
     ncclDataType_t dt = nccl_type(t, "recv's tensor");
-    return enqueue(make_work(c10d::OpType::RECV, "loom:recv", tensors, {}), c10d::kUnsetTimeout, "ncclRecv",
-                   [this, t, dt, srcRank] { return lm::ncclRecv(t.data_ptr(), t.numel(), dt, srcRank, comm_, nullptr); });
+    return enqueue(
+        make_work(c10d::OpType::RECV, "loom:recv", tensors, {}), c10d::kUnsetTimeout, "ncclRecv",
+        [this, t, dt, srcRank] { return lm::ncclRecv(t.data_ptr(), t.numel(), dt, srcRank, comm_, nullptr); });
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> & /* tensors */, int /* tag */) override {
@@ -594,10 +472,9 @@ public:
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
-    return enqueue(make_work(c10d::OpType::BARRIER, "loom:barrier", {}, {}), opts.timeout,
-                   "ncclAllReduce (barrier)", [this] {
-                     return lm::ncclAllReduce(&barrier_byte_, &barrier_byte_, 1, ncclUint8, ncclSum, comm_, nullptr);
-                   });
+    return enqueue(
+        make_work(c10d::OpType::BARRIER, "loom:barrier", {}, {}), opts.timeout, "ncclAllReduce (barrier)",
+        [this] { return lm::ncclAllReduce(&barrier_byte_, &barrier_byte_, 1, ncclUint8, ncclSum, comm_, nullptr); });
   }
 
   // split_group: every rank of this group calls it, for the group of
@@ -615,15 +492,16 @@ public:
     auto child = std::make_shared<ncclComm_t>(nullptr);
     // ncclCommSplit is a call on this group's communicator: it takes its
     // place in the queue, and the caller waits for it.
-    auto work = enqueue(make_work(c10d::OpType::UNKNOWN, "loom:split", {}, {}), c10d::kUnsetTimeout,
-                        "ncclCommSplit", [this, color, key, child] {
-                          return lm::ncclCommSplit(comm_, color, key, child.get(), nullptr);
-                        });
+    auto work =
+        enqueue(make_work(c10d::OpType::UNKNOWN, "loom:split", {}, {}), c10d::kUnsetTimeout, "ncclCommSplit",
+                [this, color, key, child] { return lm::ncclCommSplit(comm_, color, key, child.get(), nullptr); });
     work->wait();
     if (!member)
       return nullptr;
     TORCH_CHECK(*child != nullptr, "loom backend: ncclCommSplit made no communicator for rank ", rank_);
-    auto o = opts ? opts : options_;
+    // A copy: the child's timeout is its own (setTimeout on one group must
+    // not change another's).
+    auto o = c10::make_intrusive<Options>(opts ? *opts : *options_);
     return c10::make_intrusive<ProcessGroupLoom>(*child, key, (int)ranks.size(), o);
   }
 
@@ -650,8 +528,7 @@ public:
 
   static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
                                                   const std::chrono::duration<float> &timeout) {
-    return c10::make_intrusive<ProcessGroupLoom>(store, rank, size,
-                                                 std::chrono::duration_cast<ms>(timeout));
+    return c10::make_intrusive<ProcessGroupLoom>(store, rank, size, std::chrono::duration_cast<ms>(timeout));
   }
 
 private:
@@ -713,56 +590,10 @@ private:
   // The counts and offsets (in elements) of each rank's part of a tensor
   // split along dim 0, equally when sizes is empty.
   void splits(const at::Tensor &t, const std::vector<int64_t> &sizes, const char *what, std::vector<int64_t> &count,
-              std::vector<int64_t> &off) {
-    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    int64_t row = rows == 0 ? 0 : t.numel() / rows;
-    std::vector<int64_t> s = sizes;
-    if (s.empty()) {
-      TORCH_CHECK(rows % size_ == 0, "loom backend: all_to_all_single's ", what, " has ", rows,
-                  " rows, which do not split equally over ", size_, " ranks: pass split sizes");
-      s.assign(size_, rows / size_);
-    }
-    TORCH_CHECK((int)s.size() == size_, "loom backend: all_to_all_single's ", what, " split sizes name ", s.size(),
-                " ranks but the group has ", size_);
-    int64_t sum = 0;
-    for (int64_t v : s) {
-      TORCH_CHECK(v >= 0, "loom backend: all_to_all_single's ", what, " split sizes must not be negative");
-      sum += v;
-    }
-    TORCH_CHECK(sum == rows, "loom backend: all_to_all_single's ", what, " split sizes add up to ", sum,
-                " rows but the tensor has ", rows);
-    int64_t o = 0;
-    for (int64_t v : s) {
-      count.push_back(v * row);
-      off.push_back(o);
-      o += v * row;
-    }
-  }
+              std::vector<int64_t> &off);
 
   ncclResult_t exchange(const at::Tensor &in, const std::vector<int64_t> &scount, const std::vector<int64_t> &soff,
-                        const at::Tensor &out, const std::vector<int64_t> &rcount, const std::vector<int64_t> &roff) {
-    ncclDataType_t dt = nccl_type(in, "");
-    size_t esz = in.element_size();
-    char *sp = static_cast<char *>(in.data_ptr());
-    char *rp = static_cast<char *>(out.data_ptr());
-    return grouped([&]() -> ncclResult_t {
-      for (int p = 0; p < size_; p++) {
-        if (p == rank_) {
-          if (scount[p] > 0)
-            std::memcpy(rp + roff[p] * esz, sp + soff[p] * esz, scount[p] * esz);
-          continue;
-        }
-        ncclResult_t r = ncclSuccess;
-        if (scount[p] > 0)
-          r = lm::ncclSend(sp + soff[p] * esz, scount[p], dt, p, comm_, nullptr);
-        if (r == ncclSuccess && rcount[p] > 0)
-          r = lm::ncclRecv(rp + roff[p] * esz, rcount[p], dt, p, comm_, nullptr);
-        if (r != ncclSuccess)
-          return r;
-      }
-      return ncclSuccess;
-    });
-  }
+                        const at::Tensor &out, const std::vector<int64_t> &rcount, const std::vector<int64_t> &roff);
 
   // Runs calls inside ncclGroupStart/End; the first failure is the result.
   template <typename F> ncclResult_t grouped(F &&calls) {
@@ -830,8 +661,7 @@ private:
   }
 
   static std::exception_ptr make_error(const std::string &msg) {
-    return std::make_exception_ptr(
-        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
   }
 
   void mark_broken(const std::string &msg, bool timed_out) {
@@ -865,10 +695,10 @@ private:
   c10::intrusive_ptr<Options> options_;
   std::atomic<ncclComm_t> comm_{nullptr};
   std::unique_ptr<LoomWorker> worker_;
-  std::mutex mu_; // coalescing_, coalesced_, seq_
+  std::mutex mu_; // coalescing_, coalesced_
   bool coalescing_ = false;
   std::vector<Pending> coalesced_;
-  uint64_t seq_ = 0;
+  std::atomic<uint64_t> seq_{0};
   std::mutex broken_mu_;
   std::atomic<bool> broken_{false};
   bool timed_out_ = false;
@@ -879,6 +709,7 @@ private:
 
 } // namespace loom_torch
 
+#include "loom_torch_p2p.h"
 #include "loom_torch_sparse.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -888,10 +719,10 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   py::class_<loom_torch::ProcessGroupLoom, c10d::Backend, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
       m, "ProcessGroupLoom")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
-                       std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
-           }),
+      .def(py::init(
+               [](const c10::intrusive_ptr<c10d::Store> &store, int rank, int size, std::chrono::milliseconds timeout) {
+                 return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
+               }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = kBackendDefaultTimeout,
            py::call_guard<py::gil_scoped_release>())
       .def("peer_transport", &loom_torch::ProcessGroupLoom::peerTransport, py::arg("peer"));
@@ -904,5 +735,6 @@ PYBIND11_MODULE(_C, m) {
     return v;
   });
   m.def("transports", []() { return std::string(lm::loomTransports()); });
-  m.def("library_path", []() { return lm::table().path; }, "The Loom library the backend loaded");
+  m.def(
+      "library_path", []() { return lm::table().path; }, "The Loom library the backend loaded");
 }

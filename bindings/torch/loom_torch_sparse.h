@@ -49,8 +49,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_sparse(std::vector<at
                    at::Tensor gidx = at::empty({n, sd, most}, idx.options());
                    at::Tensor gval = at::empty(gshape, val.options());
                    r = grouped([&]() -> ncclResult_t {
-                     ncclResult_t q = lm::ncclAllGather(pidx.data_ptr(), gidx.data_ptr(), pidx.numel(), ncclInt64, comm_,
-                                                    nullptr);
+                     ncclResult_t q =
+                         lm::ncclAllGather(pidx.data_ptr(), gidx.data_ptr(), pidx.numel(), ncclInt64, comm_, nullptr);
                      if (q == ncclSuccess)
                        q = lm::ncclAllGather(pval.data_ptr(), gval.data_ptr(), pval.numel(), vdt, comm_, nullptr);
                      return q;
