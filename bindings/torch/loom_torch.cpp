@@ -159,7 +159,12 @@ public:
       if (r != ncclSuccess)
         return failure(r, "ncclGroupStart (a coalesced group)", timeout);
       for (auto &p : batch) {
-        r = p.calls();
+        try {
+          r = p.calls();
+        } catch (...) { // a torch error in a call's own step: the group must still end
+          lm::ncclGroupEnd();
+          throw;
+        }
         if (r != ncclSuccess) {
           lm::ncclGroupEnd();
           return failure(r, c10::str(p.call, " (in a coalesced group)").c_str(), timeout);
