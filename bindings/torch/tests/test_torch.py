@@ -475,11 +475,14 @@ def test_error_cuda_tensor_2():
     run_ranks(2, _cuda_direct)
 
 
-def main():
-    if len(sys.argv) != 2 or not callable(globals().get("test_" + sys.argv[1])):
-        names = sorted(k[5:] for k in globals() if k.startswith("test_"))
+def main(tests=None):
+    """Runs the test named on the command line; `tests` is the calling
+    file's globals() (test_torch_async.py shares this), else this file's."""
+    tests = tests if tests is not None else globals()
+    if len(sys.argv) != 2 or not callable(tests.get("test_" + sys.argv[1])):
+        names = sorted(k[5:] for k in tests if k.startswith("test_"))
         sys.exit(f"usage: {sys.argv[0]} NAME, one of: {' '.join(names)}")
-    globals()["test_" + sys.argv[1]]()
+    tests["test_" + sys.argv[1]]()
     print("ok", sys.argv[1])
 
 

@@ -8,7 +8,6 @@ run_ranks), each with a time limit.
 SPDX-License-Identifier: Apache-2.0
 """
 
-import sys
 import time
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import loom_torch  # noqa: F401  (registers "loom")
-from test_torch import _expect, run_ranks
+from test_torch import _expect, main, run_ranks
 
 
 def _store():
@@ -305,13 +304,5 @@ def test_object_collectives_3():
     run_ranks(3, _objects)
 
 
-def main():
-    if len(sys.argv) != 2 or not callable(globals().get("test_" + sys.argv[1])):
-        names = sorted(k[5:] for k in globals() if k.startswith("test_"))
-        sys.exit(f"usage: {sys.argv[0]} NAME, one of: {' '.join(names)}")
-    globals()["test_" + sys.argv[1]]()
-    print("ok", sys.argv[1])
-
-
 if __name__ == "__main__":
-    main()
+    main(globals())
