@@ -23,6 +23,7 @@
 #include "misc/cudamem.h"
 #include "misc/utils.h"
 #include "plan.h"
+#include "topology/search.h"
 #include "topology/topo.h"
 #include "status.h"
 #include "transport/net/net.h"
@@ -185,6 +186,14 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   return tuner_init(comm->tuner, &in);
 }
 
+/* Does another rank of the communicator share rank r's host? */
+static int host_shared(const struct ncclComm *comm, int r) {
+  for (int q = 0; q < comm->nranks; q++)
+    if (q != r && comm->peers[q].host_hash == comm->peers[r].host_hash)
+      return 1;
+  return 0;
+}
+
 /* The whole of a rank's init once its communicator struct exists, from
  * `nids` unique ids (bootstrap_init). */
 static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclUniqueId *ids, int nids, int rank,
@@ -214,12 +223,6 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
   comm->buffsize = (size_t)param_int(P_BUFFSIZE);
-  int want = (int)LOOM_MAX(param_int(P_MIN_NCHANNELS),
-                           LOOM_MIN(param_int(P_MAX_NCHANNELS), topo_default_channels(!comm->is_host)));
-  if (config->minCTAs != NCCL_CONFIG_UNDEF_INT && config->minCTAs > want)
-    want = LOOM_MIN(config->minCTAs, LOOM_MAX_CHANNELS);
-  if (config->maxCTAs != NCCL_CONFIG_UNDEF_INT && config->maxCTAs > 0 && config->maxCTAs < want)
-    want = config->maxCTAs;
 
   if (bootstrap_id_is_fixed(id) && rank == 0)
     CHECK(bootstrap_start_root(id));
@@ -250,7 +253,14 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
     CHECK(cuda_bus_id(comm->cuda_dev, me->busid));
     CHECK(cuda_device_lanes(&me->max_lanes));
   }
-  me->nchannels_wanted = want;
+  /* Two wishes, since whether other ranks share this host is known only
+   * once all have met; a rank whose GPUs do not write into each other's
+   * memory leaves NVLink out. */
+  struct topo_channel_rule rule;
+  topo_rank_channels(!comm->is_host, me->busid, me->max_lanes, &rule);
+  int nvlink_ok = topo_p2p_uses_nvlink(me->p2p_disabled, me->p2p_level);
+  me->nchannels_wanted = topo_bound_channels(rule.alone, config->minCTAs, config->maxCTAs);
+  me->nchannels_shared = topo_bound_channels(nvlink_ok ? rule.shared : rule.alone, config->minCTAs, config->maxCTAs);
   me->numa = topo_current_numa();
   cpu_set_t cpus;
   me->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -261,10 +271,20 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   CHECK(bootstrap_allgather(comm->boot, comm->peers, sizeof *comm->peers));
   CHECK(check_peers(comm));
   comm->check_calls = me->check_calls;
-  /* Channels must agree everywhere: take the fewest any rank asked for. */
+  /* Channels must agree everywhere: every rank takes each rank's wish for
+   * its case, from the same peers, and the fewest of them. */
   comm->nchannels = LOOM_MAX_CHANNELS;
   for (int r = 0; r < nranks; r++)
-    comm->nchannels = LOOM_MIN(comm->nchannels, comm->peers[r].nchannels_wanted);
+    comm->nchannels = LOOM_MIN(comm->nchannels, host_shared(comm, r) ? comm->peers[r].nchannels_shared
+                                                                      : comm->peers[r].nchannels_wanted);
+  if (log_enabled(LOG_INFO, LOG_INIT)) {
+    char why[256];
+    int shared = host_shared(comm, rank);
+    topo_channel_why(&rule, shared && nvlink_ok, why, sizeof why);
+    INFO(LOG_INIT, "rank %d: the topology gives %s; bounded by NCCL_MIN/MAX_NCHANNELS and the config, %d; the "
+         "communicator takes %d channel(s), the fewest of its ranks", rank, why,
+         shared ? me->nchannels_shared : me->nchannels_wanted, comm->nchannels);
+  }
   CHECK(UTIL_CALLOC(&comm->p2p_send, nranks, "p2p connections"));
   CHECK(UTIL_CALLOC(&comm->p2p_recv, nranks, "p2p connections"));
   CHECK(UTIL_CALLOC(&comm->peer_pidfd, nranks, "peer pidfds"));

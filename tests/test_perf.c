@@ -76,6 +76,26 @@ TEST_IMPL(tools_loom_info) {
   rc = harness_run(dgx, out, sizeof out);
   ASSERT_MSG(rc == 0, "loom-info --topo exited with %d", rc);
   ASSERT(strstr(out, "16 ranks on 2 hosts") && strstr(out, "channel  7 ring") && strstr(out, "mlx5_7"));
+  /* The channel count and why: NVLink's on the DGXs, the NICs' on a PCIe
+   * box, as a communicator of their GPUs would take. */
+  static const struct {
+    const char *file, *count, *why;
+  } fixtures[] = {
+      {"dgx_h100.xml", "8 ranks on 1 host (8 per host, on GPUs), 24 channels:",
+       "channels: 24 (NVLink: 18 links x 20.6 GB/s = 370.8 GB/s, at 15 GB/s per channel)"},
+      {"dgx_a100.xml", "8 ranks on 1 host (8 per host, on GPUs), 16 channels:", "channels: 16 (NVLink: 12 links"},
+      {"pcie_4gpu.xml", "8 ranks on 1 host (8 per host, on GPUs), 2 channels:", "channels: 2 (one per NIC"},
+  };
+  for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+    char file[512];
+    snprintf(file, sizeof file, "%s/%s", LOOM_TOPO_FIXTURES, fixtures[i].file);
+    char *argv[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", file, "--ranks", "8", NULL};
+    rc = harness_run(argv, out, sizeof out);
+    ASSERT_MSG(rc == 0, "loom-info --topo %s exited with %d", fixtures[i].file, rc);
+    ASSERT_MSG(strstr(out, fixtures[i].count) && strstr(out, fixtures[i].why), "%s: no \"%s\" and \"%s\" in:\n%s",
+               fixtures[i].file, fixtures[i].count, fixtures[i].why, out);
+  }
+  ASSERT(strstr(out, "channel  1 ring") && !strstr(out, "channel  2 ring"));
   char *bad[] = {LOOM_TOOLS_DIR "/loom-info", "--topo", "/nonexistent.xml", NULL};
   ASSERT(harness_run(bad, out, sizeof out) != 0);
   return 0;

@@ -16,6 +16,7 @@
 #include "topology/discover.h"
 #include "topology/graph.h"
 #include "topology/search.h"
+#include "topology/topo.h"
 #include "topology/topo_xml.h"
 #include "topology/xml.h"
 #include "test.h"
@@ -238,9 +239,14 @@ static void search_gpu_box(const char *file, int nvlink) {
   for (int i = 0; i < ng; i++)
     devs[i] = gpu(t, i);
   int nnics = topo_count(t, TOPO_NIC);
+  /* As many channels as a communicator of these GPUs takes: with NVLink
+   * more than NICs, so that NICs serve several channels each. */
+  struct topo_channel_rule rule;
+  topo_channel_rule(t, 1, devs[0], 0, &rule);
+  ASSERT(nvlink ? rule.shared > nnics : rule.shared == LOOM_MAX(2, nnics));
   static const int hosts[] = {1, 2, 16};
   for (size_t hi = 0; hi < 3; hi++) {
-    int nh = hosts[hi], nch = nnics >= 2 ? nnics : 2;
+    int nh = hosts[hi], nch = rule.shared;
     struct built b;
     build(t, devs, ng, nh, nch, &b);
     check_rings(&b);
@@ -267,10 +273,14 @@ static void search_gpu_box(const char *file, int nvlink) {
       }
     }
     if (nh > 1) {
-      /* Channels spread over the NICs: each one used once per round. */
-      for (int c = 0; c < nnics && c < b.ch.nchannels; c++)
+      /* Channels spread over the NICs, each NIC used once per round:
+       * channels share one exactly when they are a whole number of
+       * rounds apart. */
+      for (int c = 0; c < b.ch.nchannels; c++)
         for (int d = 0; d < c; d++)
-          ASSERT_MSG(b.plans[0].nic[c] != b.plans[0].nic[d], "%s: channels %d and %d share a NIC", file, c, d);
+          ASSERT_MSG((b.plans[0].nic[c] == b.plans[0].nic[d]) == (c % nnics == d % nnics),
+                     "%s: channels %d and %d %s a NIC", file, c, d,
+                     b.plans[0].nic[c] == b.plans[0].nic[d] ? "share" : "do not share");
       check_double_tree(&b);
     }
     unbuild(&b);
@@ -445,6 +455,67 @@ TEST_IMPL(unit_topo_plan_bw) {
   ASSERT(fast.bw_local > slow.bw_local && fast.bw_net == slow.bw_net);
   ASSERT(tuner_estimate(&fast, COLL_ALLGATHER, ALGO_RING, 1u << 30) <
          tuner_estimate(&slow, COLL_ALLGATHER, ALGO_RING, 1u << 30));
+  return 0;
+}
+
+/* The channel rule of one rank on a fixture's first GPU. */
+static struct topo_channel_rule rule_of(const char *file, int gpu_rank, int lanes) {
+  struct topo_system *t = load(file);
+  struct topo_channel_rule r;
+  topo_channel_rule(t, gpu_rank, gpu_rank ? gpu(t, 0) : -1, lanes, &r);
+  topo_system_free(t);
+  return r;
+}
+
+/* How many channels a rank asks for: enough to fill its GPU's NVLinks
+ * where other ranks share its host (24 on an H100, 16 on an A100), one
+ * per NIC alone or without NVLink, 1 on a host rank; the device's
+ * resident blocks, NCCL_MIN/MAX_NCHANNELS and the config bound it. */
+TEST_IMPL(unit_topo_channels) {
+  setenv("NCCL_MIN_NCHANNELS", "1", 1);
+  setenv("NCCL_MAX_NCHANNELS", "32", 1);
+  struct topo_channel_rule r = rule_of("dgx_h100.xml", 1, 0);
+  ASSERT_MSG(r.nvlinks == 18 && r.link_gbs > 20 && r.link_gbs < 21, "%d links of %.1f GB/s", r.nvlinks, r.link_gbs);
+  ASSERT_MSG(r.shared == 24 && r.alone == 8, "DGX H100: %d channels shared, %d alone", r.shared, r.alone);
+  char why[256];
+  topo_channel_why(&r, 1, why, sizeof why);
+  ASSERT_MSG(strstr(why, "24 (NVLink: 18 links x 20.6 GB/s"), "%s", why);
+  topo_channel_why(&r, 0, why, sizeof why);
+  ASSERT_MSG(strstr(why, "8 (one per NIC") && strstr(why, "NVLink unused"), "%s", why);
+  /* A device holding 40 blocks at once keeps 20 for point-to-point. */
+  r = rule_of("dgx_h100.xml", 1, 40);
+  ASSERT_MSG(r.shared == 20 && r.alone == 8, "40 lanes: %d shared, %d alone", r.shared, r.alone);
+  topo_channel_why(&r, 1, why, sizeof why);
+  ASSERT_MSG(strstr(why, "20 (NVLink") && strstr(why, "half the 40 blocks"), "%s", why);
+  r = rule_of("dgx_a100.xml", 1, 0);
+  ASSERT_MSG(r.nvlinks == 12 && r.shared == 16 && r.alone == 8, "DGX A100: %d links, %d shared, %d alone", r.nvlinks,
+             r.shared, r.alone);
+  /* PCIe only: today's count, one NIC there so the floor of 2. */
+  r = rule_of("pcie_4gpu.xml", 1, 0);
+  ASSERT_MSG(r.nvlinks == 0 && r.shared == 2 && r.alone == 2, "PCIe: %d links, %d shared, %d alone", r.nvlinks,
+             r.shared, r.alone);
+  topo_channel_why(&r, 1, why, sizeof why);
+  ASSERT_MSG(strstr(why, "2 (one per NIC, at least 2: 1 NIC)"), "%s", why);
+  /* A host rank asks for 1, NVLink or not. */
+  r = rule_of("dgx_h100.xml", 0, 0);
+  ASSERT(r.shared == 1 && r.alone == 1);
+  /* A GPU the topology does not place: NICs only. */
+  struct topo_system *t = load("dgx_h100.xml");
+  topo_channel_rule(t, 1, -1, 0, &r);
+  ASSERT(r.nvlinks == 0 && r.shared == 8 && r.alone == 8);
+  topo_system_free(t);
+  /* Bounds: the environment, then the config's minCTAs and maxCTAs. */
+  ASSERT(topo_bound_channels(24, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT) == 24);
+  setenv("NCCL_MAX_NCHANNELS", "12", 1);
+  ASSERT(topo_bound_channels(24, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT) == 12);
+  ASSERT(topo_bound_channels(2, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT) == 2);
+  setenv("NCCL_MIN_NCHANNELS", "4", 1);
+  ASSERT(topo_bound_channels(2, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT) == 4);
+  ASSERT(topo_bound_channels(24, NCCL_CONFIG_UNDEF_INT, 6) == 6);
+  ASSERT(topo_bound_channels(24, 30, NCCL_CONFIG_UNDEF_INT) == 30);
+  ASSERT(topo_bound_channels(24, 64, NCCL_CONFIG_UNDEF_INT) == LOOM_MAX_CHANNELS);
+  unsetenv("NCCL_MIN_NCHANNELS");
+  unsetenv("NCCL_MAX_NCHANNELS");
   return 0;
 }
 

@@ -49,6 +49,33 @@ TEST_IMPL(unit_tuner_pick) {
   return 0;
 }
 
+/* With the many channels NVLink gives (24 on an H100 host), small calls
+ * still run on one channel and a call takes one more channel per half
+ * megabyte, all of them only from 12 MiB on. */
+TEST_IMPL(unit_tuner_many_channels) {
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_PROTO");
+  struct tune_input in;
+  tuner_shape(&in, 8, 1, 8, 24, 1, 0, 4u << 20, 370.8, 0);
+  struct tuner t;
+  ASSERT_OK(tuner_init(&t, &in));
+  static const struct {
+    enum coll_kind coll;
+    size_t bytes;
+    int nch;
+  } cases[] = {{COLL_ALLREDUCE, 8, 1},          {COLL_ALLREDUCE, 4096, 1},       {COLL_ALLGATHER, 8, 1},
+               {COLL_ALLGATHER, 65536, 1},      {COLL_BROADCAST, 1000, 1},      {COLL_ALLREDUCE, 512u << 10, 1},
+               {COLL_ALLGATHER, 1u << 20, 2},   {COLL_ALLGATHER, 3u << 20, 6},  {COLL_ALLREDUCE, 12u << 20, 24},
+               {COLL_ALLREDUCE, 1u << 30, 24}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int algo, nch;
+    ASSERT_OK(tuner_pick(&t, cases[i].coll, cases[i].bytes, &algo, &nch, NULL));
+    ASSERT_MSG(nch == cases[i].nch, "%s of %zu bytes on %s: %d channels, expected %d", coll_name(cases[i].coll),
+               cases[i].bytes, algo_name(algo), nch, cases[i].nch);
+  }
+  return 0;
+}
+
 TEST_IMPL(unit_tuner_env) {
   unsigned m[COLL_COUNT];
   ASSERT_OK(tuner_parse_algo("Ring", m, COLL_COUNT));

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "algorithms/tuner.h"
+#include "common/path_type.h"
 #include "core.h"
 #include "enqueue.h"
 #include "loom.h"
@@ -29,6 +30,7 @@
 #include "topology/discover.h"
 #include "topology/graph.h"
 #include "topology/search.h"
+#include "topology/topo.h"
 #include "topology/topo_xml.h"
 
 static void usage(FILE *f) {
@@ -100,8 +102,36 @@ static void print_matrix(const struct topo_system *t) {
          "       PHB through the CPU's host bridge, SYS across CPUs.\n");
 }
 
+/* The count a communicator of `per` ranks per host on devices dev[]
+ * would take (init.c): each rank's wish by the topology's rule, bounded
+ * by NCCL_MIN/MAX_NCHANNELS, the fewest of them; why gets the first
+ * fewest's reason. The devices' resident blocks are not known here. */
+static int default_channels(const struct topo_system *t, const int *dev, int per, int gpu, char *why, size_t len) {
+  int level = PATH_SYS;
+  if (param_is_set(P_P2P_LEVEL) && path_parse_level("NCCL_P2P_LEVEL", param_str(P_P2P_LEVEL), 1, &level) != ncclSuccess)
+    level = PATH_SYS; /* param_check_all has refused a bad value already */
+  int nvlink_ok = per > 1 && topo_p2p_uses_nvlink((int)param_int(P_P2P_DISABLE), level), nch = LOOM_MAX_CHANNELS + 1;
+  for (int i = 0; i < per; i++) {
+    struct topo_channel_rule rule;
+    topo_channel_rule(t, gpu, gpu ? dev[i] : -1, 0, &rule);
+    int topo = nvlink_ok ? rule.shared : rule.alone, n = topo_bound_channels(topo, NCCL_CONFIG_UNDEF_INT,
+                                                                             NCCL_CONFIG_UNDEF_INT);
+    if (n >= nch)
+      continue;
+    nch = n;
+    char topo_why[200];
+    topo_channel_why(&rule, nvlink_ok, topo_why, sizeof topo_why);
+    if (n != topo)
+      snprintf(why, len, "%d (NCCL_MIN/MAX_NCHANNELS bound the topology's %s)", n, topo_why);
+    else
+      snprintf(why, len, "%s", topo_why);
+  }
+  return nch;
+}
+
 /* The channels of nranks ranks spread over nhosts hosts like `t`: each
- * host's ranks go round robin over its GPUs (its CPUs without GPUs). */
+ * host's ranks go round robin over its GPUs (its CPUs without GPUs).
+ * nch 0: as many as a communicator would take. */
 static int print_channels(const struct topo_system *t, int nranks, int nhosts, int nch) {
   if (nranks < 1 || nhosts < 1 || nranks % nhosts != 0 || nranks / nhosts > 256 || nhosts > 4096) {
     fprintf(stderr, "loom-info: --ranks must be a positive multiple of --hosts (at most 256 ranks per host)\n");
@@ -117,6 +147,15 @@ static int print_channels(const struct topo_system *t, int nranks, int nhosts, i
     return 1;
   for (int i = 0; i < per; i++)
     dev[i] = topo_nth(t, type, i % ndev);
+  char why[320];
+  if (nch > 0)
+    snprintf(why, sizeof why, "%d (--channels)", nch);
+  else
+    nch = default_channels(t, dev, per, type == TOPO_GPU, why, sizeof why);
+  if (nch > TOPO_MAX_CHANNELS) {
+    fprintf(stderr, "loom-info: --channels must be 1 to %d\n", TOPO_MAX_CHANNELS);
+    return 1;
+  }
   for (int h = 0; h < nhosts; h++) {
     if (topo_plan_host(t, per, dev, nch, nhosts > 1, &plans[h]) != ncclSuccess) {
       fprintf(stderr, "loom-info: %s\n", err_thread_last());
@@ -133,6 +172,7 @@ static int print_channels(const struct topo_system *t, int nranks, int nhosts, i
   }
   printf("\n%d ranks on %d host%s (%d per host, on %s), %d channel%s:\n", nranks, nhosts, nhosts > 1 ? "s" : "", per,
          type == TOPO_GPU ? "GPUs" : "CPUs", ch.nchannels, ch.nchannels > 1 ? "s" : "");
+  printf("  channels: %s\n", why);
   for (int c = 0; c < ch.nchannels; c++) {
     printf("  channel %2d ring:", c);
     for (int i = 0; i < nranks && i < 64; i++)
@@ -250,12 +290,8 @@ int main(int argc, char **argv) {
     print_params();
   print_matrix(t);
   int rc = 0;
-  if (nranks > 0) {
-    int nnics = topo_count(t, TOPO_NIC);
-    if (nch <= 0)
-      nch = nhosts > 1 && nnics > 1 ? LOOM_MIN(nnics, TOPO_MAX_CHANNELS) : 2;
+  if (nranks > 0)
     rc = print_channels(t, nranks, nhosts, nch);
-  }
   topo_system_free(t);
   return rc;
 }

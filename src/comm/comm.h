@@ -34,7 +34,9 @@ struct peer_info {
   int64_t buffsize;
   int32_t shm_disabled;
   int32_t cuda_dev;
-  int32_t nchannels_wanted;
+  /* The channels the rank asks for (bounded by NCCL_MIN/MAX_NCHANNELS
+   * and the config), alone on its host and with other ranks there. */
+  int32_t nchannels_wanted, nchannels_shared;
   int32_t p2p_disabled;
   int32_t p2p_level; /* NCCL_P2P_LEVEL, or the topology's default: the farthest path p2p takes */
   int32_t max_lanes; /* blocks of the kernel the rank's device holds at once; 0 on host communicators */

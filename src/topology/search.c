@@ -3,6 +3,7 @@
 #include "misc/utils.h"
 #include "topology/search.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,6 +216,66 @@ void topo_plan_bw(const struct topo_system *t, const struct host_plan *p, const 
   }
   *chain_gbs = chain;
   *nic_gbs = nic;
+}
+
+void topo_channel_rule(const struct topo_system *t, int gpu, int node, int lanes, struct topo_channel_rule *out) {
+  memset(out, 0, sizeof *out);
+  out->gpu = gpu;
+  out->lanes = lanes;
+  if (!gpu) {
+    out->alone = out->shared = 1;
+    return;
+  }
+  int cap = LOOM_MIN(TOPO_MAX_CHANNELS, LOOM_MAX_CHANNELS);
+  if (lanes > 0)
+    cap = LOOM_MIN(cap, LOOM_MAX(1, lanes / 2));
+  out->nics = topo_count(t, TOPO_NIC);
+  out->alone = LOOM_MIN(LOOM_MAX(2, out->nics), cap);
+  out->shared = out->alone;
+  if (node < 0 || node >= t->n || t->nodes[node].type != TOPO_GPU)
+    return;
+  /* A ring sends to one neighbour: through an NVSwitch that is all the
+   * GPU's links, between GPUs wired directly only the links to one. */
+  const struct topo_node *g = &t->nodes[node];
+  double widest = 0;
+  for (int i = 0; i < g->nlinks; i++)
+    if (g->links[i].type == LINK_NVL && g->links[i].peer != node && g->links[i].bw > widest)
+      widest = g->links[i].bw;
+  if (widest <= 0)
+    return;
+  out->link_gbs = topo_nvlink_bw(g->sm);
+  out->nvlinks = (int)(widest / out->link_gbs + 0.5);
+  out->nvlink_channels = (int)(widest / TOPO_CHANNEL_NVLINK_GBS + 1e-9);
+  out->shared = LOOM_MIN(LOOM_MAX(out->alone, out->nvlink_channels), cap);
+}
+
+void topo_channel_why(const struct topo_channel_rule *r, int shared, char *buf, size_t len) {
+  if (!r->gpu) {
+    snprintf(buf, len, "1 (a host rank: one thread drives all of a call's channels)");
+    return;
+  }
+  int n = shared ? r->shared : r->alone;
+  size_t o;
+  if (shared && r->nvlink_channels > r->alone)
+    o = (size_t)snprintf(buf, len, "%d (NVLink: %d link%s x %.1f GB/s = %.1f GB/s, at %.0f GB/s per channel", n,
+                         r->nvlinks, r->nvlinks == 1 ? "" : "s", r->link_gbs, r->nvlinks * r->link_gbs,
+                         TOPO_CHANNEL_NVLINK_GBS);
+  else
+    o = (size_t)snprintf(buf, len, "%d (one per NIC, at least 2: %d NIC%s", n, r->nics, r->nics == 1 ? "" : "s");
+  int raw = shared && r->nvlink_channels > r->alone ? r->nvlink_channels : LOOM_MAX(2, r->nics);
+  if (o < len && n < raw) {
+    if (r->lanes > 0 && n == LOOM_MAX(1, r->lanes / 2))
+      o += (size_t)snprintf(buf + o, len - o, " gives %d; at most half the %d blocks the device holds at once", raw,
+                            r->lanes);
+    else
+      o += (size_t)snprintf(buf + o, len - o, " gives %d; at most %d", raw, n);
+  }
+  if (o < len && r->nvlinks > 0 && !shared)
+    o += (size_t)snprintf(buf + o, len - o, "; NVLink unused: no other rank on the host, or p2p off");
+  else if (o < len && r->nvlinks > 0 && r->nvlink_channels <= r->alone)
+    o += (size_t)snprintf(buf + o, len - o, "; NVLink's %d links would fill %d", r->nvlinks, r->nvlink_channels);
+  if (o < len)
+    snprintf(buf + o, len - o, ")");
 }
 
 void topo_plan_free(struct host_plan *p) {

@@ -76,13 +76,29 @@ ncclResult_t topo_get_system(const struct topo_system **out) {
   return ncclSuccess;
 }
 
-int topo_default_channels(int gpu) {
-  if (!gpu)
-    return 1;
+void topo_rank_channels(int gpu, const char *busid, int lanes, struct topo_channel_rule *out) {
+  if (!gpu) {
+    topo_channel_rule(NULL, 0, -1, lanes, out); /* 1, whatever the host has */
+    return;
+  }
   pthread_once(&system_once, system_load);
-  if (system_status != ncclSuccess)
-    return 1;
-  return LOOM_MAX(2, LOOM_MIN(topo_count(system_topo, TOPO_NIC), TOPO_MAX_CHANNELS));
+  if (system_status != ncclSuccess) {
+    memset(out, 0, sizeof *out);
+    out->gpu = gpu;
+    out->alone = out->shared = 1;
+    return;
+  }
+  int node = busid && busid[0] ? topo_find_busid(system_topo, busid) : -1;
+  topo_channel_rule(system_topo, gpu, node, lanes, out);
+}
+
+int topo_bound_channels(int n, int min_ctas, int max_ctas) {
+  int want = (int)LOOM_MAX(param_int(P_MIN_NCHANNELS), LOOM_MIN(param_int(P_MAX_NCHANNELS), n));
+  if (min_ctas != NCCL_CONFIG_UNDEF_INT && min_ctas > want)
+    want = LOOM_MIN(min_ctas, LOOM_MAX_CHANNELS);
+  if (max_ctas != NCCL_CONFIG_UNDEF_INT && max_ctas > 0 && max_ctas < want)
+    want = max_ctas;
+  return want;
 }
 
 int topo_current_numa(void) {

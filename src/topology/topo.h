@@ -28,13 +28,19 @@ ncclResult_t topo_setup_channels(struct ncclComm *comm);
 /* The NUMA node of the CPU the calling thread runs on. */
 int topo_current_numa(void);
 
-/* How many channels this rank asks for when NCCL_MIN/MAX_NCHANNELS leave
- * it free (the communicator takes the smallest wish of its ranks): a GPU
- * rank one per NIC of its host, at least 2, so that rings leave through
- * every NIC; a host rank 1, since one thread drives all its channels and
- * more would only cut the buffers smaller. 1 where the topology cannot be
- * had: init reports that error itself, after every rank has met. */
-int topo_default_channels(int gpu);
+/* The channel counts this rank asks for (search.h, topo_channel_rule:
+ * one when it is alone on its host, one when others share it), from the
+ * process's topology: `gpu` 0 for a host rank, else its GPU's PCI bus id
+ * and the kernel blocks the device holds at once (0: not known). 1 where
+ * the topology cannot be had: init reports that error itself, after
+ * every rank has met. */
+struct topo_channel_rule;
+void topo_rank_channels(int gpu, const char *busid, int lanes, struct topo_channel_rule *out);
+
+/* A count bounded by NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS, then by a
+ * config's minCTAs (raises it, to at most LOOM_MAX_CHANNELS) and
+ * maxCTAs (lowers it); NCCL_CONFIG_UNDEF_INT leaves either out. */
+int topo_bound_channels(int n, int min_ctas, int max_ctas);
 
 /* Logs what the host has (cores, NUMA nodes) at INFO, once per process. */
 void topo_log_host(void);
