@@ -239,6 +239,18 @@ TEST(gpu_two_streams, 60)
 TEST(gpu_capture_refused, 60)
 TEST(gpu_group_grows, 120)
 TEST(gpu_lanes_refused, 60)
+/* The CUDA emulation itself, through loom_tests_emu only: graphs and
+ * kernel parameters (test_emu_graph.c), the stream capture rules
+ * (test_emu_capture.c), named barriers and yield (test_emu_bar.c). */
+TEST(emu_graph_replay, 60)
+TEST(emu_graph_params, 30)
+TEST(emu_user_object, 30)
+TEST(emu_capture_unsafe, 30)
+TEST(emu_capture_conflicts, 30)
+TEST(emu_capture_threads, 30)
+TEST(emu_capture_relaxed_alloc, 30)
+TEST(emu_bar_pipeline, 60)
+TEST(emu_bar_deadlock, 60)
 /* P2P decided from the topology, the peer's GPU unseen (test_gpu_topo.c). */
 TEST(gpu_p2p_invisible_switch, 60)
 TEST(gpu_p2p_invisible_sockets, 60)

@@ -17,15 +17,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-struct emu_dim {
-  unsigned x, y, z;
-};
+#include "exec/cuda/emu/emu.h" /* struct emu_thread; emu_bar_sync, emu_bar_arrive, emu_yield */
 
 /* The running CUDA thread (emu_grid.cpp). */
-struct emu_thread { /* threadIdx, blockIdx, blockDim, gridDim */
-  struct emu_dim tid, bid, bdim, gdim;
-};
 extern thread_local struct emu_thread *emu_self;
+/* bar.sync 0 with every thread of the block (emu_bar_sync). */
 void emu_syncthreads(void);
 
 /* emu_self is the block's OS thread's, and each of its CUDA threads

@@ -10,7 +10,7 @@ if(LOOM_HAVE_CUDA AND LOOM_EMU)
   set(EMU_DIR ${CMAKE_SOURCE_DIR}/src/exec/cuda/emu)
   # The runtime: libcudart's API on the CPU, one copy per process, shared by
   # the library and the test programs (they pass streams to each other).
-  add_library(loom_cudart_emu SHARED ${EMU_DIR}/emu_runtime.cpp ${EMU_DIR}/emu_grid.cpp)
+  add_library(loom_cudart_emu SHARED ${EMU_DIR}/emu_runtime.cpp ${EMU_DIR}/emu_graph.cpp ${EMU_DIR}/emu_grid.cpp)
   set_target_properties(loom_cudart_emu PROPERTIES OUTPUT_NAME loom-cudart-emu
                                                    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/emu)
   target_include_directories(loom_cudart_emu PRIVATE ${CMAKE_SOURCE_DIR}/src PUBLIC ${CUDAToolkit_INCLUDE_DIRS})

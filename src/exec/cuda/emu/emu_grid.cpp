@@ -2,9 +2,13 @@
  * The grid runner of the CUDA emulation. A block is an OS thread, so that
  * `static thread_local` (what cuda_emu.h makes of __shared__) is the
  * block's shared memory; its CUDA threads are ucontext fibers, switched
- * only at __syncthreads and at their end, in an order shuffled for every
- * barrier phase from a seed (LOOM_EMU_SEED replays one), so that a missing
- * barrier shows as wrong data rather than luck. Blocks beyond the resident
+ * only at barriers (__syncthreads, the named barriers of emu_bar_sync and
+ * emu_bar_arrive), emu_yield and their end. The block's scheduler runs
+ * them in rounds: each round takes the threads in an order shuffled from
+ * a seed (LOOM_EMU_SEED replays one) and runs each that can run until it
+ * waits, yields or ends, so that a missing barrier shows as wrong data
+ * rather than luck. A thread waiting at a barrier runs again once the
+ * barrier completes; one that yields, in the next round. Blocks beyond the resident
  * count start only when an earlier one ends, as a GPU schedules them:
  * a launch that needs more blocks at once than fit deadlocks here as it
  * would there.
@@ -14,6 +18,7 @@
 #include "exec/cuda/emu/emu.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,15 +122,42 @@ void pool_put(const fiber_mem &m) {
 
 struct block;
 
+/* What a CUDA thread asks of its block's scheduler when it switches to it. */
+enum req_kind : unsigned char { REQ_SYNC = 1, REQ_ARRIVE, REQ_YIELD, REQ_END };
+/* Where the scheduler holds a thread: it can run, it waits at a barrier,
+ * it has ended. */
+enum fiber_state : unsigned char { F_RUN, F_BAR, F_DONE };
+
 struct fiber {
   emu_thread t; /* first: emu_self points at it */
   block *b = nullptr;
   ucontext_t ctx;
   fiber_mem mem = {nullptr, nullptr};
-  unsigned bars = 0;      /* the __syncthreads it has passed; its own */
-  unsigned char done = 0; /* written by the fiber, read by the scheduler (atomic) */
+  /* The request: written by the thread before it switches, read by the
+   * scheduler after (atomic, relaxed: TSan sees the two as unordered). */
+  unsigned char req = 0;
+  unsigned req_id = 0, req_count = 0;
+  fiber_state state = F_RUN; /* the scheduler's own */
 };
 static_assert(offsetof(fiber, t) == 0, "emu_self is a fiber's address");
+
+/* PTX has 16 barriers per block; 0 is __syncthreads'. */
+const unsigned kBars = 16;
+
+struct barrier {
+  /* Completions so far: written by the scheduler, read by a thread about
+   * to arrive (atomic, relaxed), which is the generation its arrival
+   * joins, since no other thread of the block runs in between. */
+  unsigned gen = 0;
+  unsigned arrived = 0, count = 0; /* this generation's; the scheduler's own */
+  std::vector<unsigned> waiters;   /* the scheduler's own */
+  /* Generation g's arrivals are released into sync[g % 4] and its
+   * waiters acquire from it: a thread may arrive at the next generations
+   * before a slower one has left this one, and then uses other objects.
+   * (An acquire can only see more than its own generation's releases,
+   * never less: at worst a race in the kernel goes unreported.) */
+  uint64_t sync[4];
+};
 
 struct grid {
   unsigned blocks, threads;
@@ -147,11 +179,7 @@ struct block {
   /* What the block's OS thread did before it starts its threads happens
    * before all they do, as what precedes a launch in its stream does. */
   uint64_t start;
-  /* __syncthreads number n is released into bar[n % 2] by every thread
-   * arriving and acquired from it by every thread leaving: a thread that
-   * reaches barrier n + 1 before a slower one has left barrier n uses the
-   * other one, so no thread acquires what a thread of its own phase did. */
-  uint64_t bar[2];
+  barrier bars[kBars];
   uint64_t end; /* every thread's end, before what the block's OS thread does next */
 };
 
@@ -167,16 +195,21 @@ uint64_t next_rand(uint64_t *s) {
   return *s;
 }
 
-/* From a CUDA thread to its block's scheduler, and back when the
- * scheduler next runs it. `sync` (a barrier's or the block's end) gets
- * the thread's release as its last access before the switch: nothing
- * after it but swapcontext (which TSan does not see) touches memory. */
-void to_sched(fiber *f, void *sync) {
+/* From a CUDA thread to its block's scheduler with a request, and back
+ * when the scheduler next runs it. `sync` (a barrier's or the block's
+ * end; none for a yield) gets the thread's release as its last access
+ * before the switch: nothing after it but swapcontext (which TSan does
+ * not see) touches memory. */
+void to_sched(fiber *f, req_kind req, unsigned id, unsigned count, void *sync) {
   block *b = f->b;
 #if EMU_TSAN
   void *sched_tsan = b->sched_tsan;
 #endif
-  tsan_release(sync);
+  __atomic_store_n(&f->req_id, id, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->req_count, count, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->req, (unsigned char)req, __ATOMIC_RELAXED);
+  if (sync)
+    tsan_release(sync);
 #if EMU_TSAN
   __tsan_switch_to_fiber(sched_tsan, kNoSync);
 #endif
@@ -193,8 +226,83 @@ void fiber_main(unsigned f_lo, unsigned f_hi, unsigned b_lo, unsigned b_hi) {
   fiber *f = (fiber *)(((uintptr_t)f_hi << 32) | f_lo);
   set_self(&f->t);
   b->g->kernel(b->g->arg);
-  __atomic_store_n(&f->done, 1, __ATOMIC_RELAXED);
-  to_sched(f, &b->end);
+  to_sched(f, REQ_END, 0, 0, &b->end);
+}
+
+[[noreturn]] void misuse(const char *line) {
+  fprintf(stderr, "%s\n", line);
+  fflush(stderr);
+  abort();
+}
+
+/* Thread k's arrival at the barrier it asked for; `wait`: bar.sync. */
+void arrive(block *b, unsigned k, bool wait) {
+  fiber &f = b->fibers[k];
+  unsigned id = __atomic_load_n(&f.req_id, __ATOMIC_RELAXED);
+  unsigned count = __atomic_load_n(&f.req_count, __ATOMIC_RELAXED);
+  barrier &bar = b->bars[id];
+  char line[200];
+  if (count == 0 || count > b->g->threads) {
+    snprintf(line, sizeof line,
+             "loom emu: block %u thread %u: barrier %u with a count of %u, but the block has %u threads", b->id, k, id,
+             count, b->g->threads);
+    misuse(line);
+  }
+  if (bar.arrived == 0) {
+    bar.count = count;
+  } else if (bar.count != count) {
+    snprintf(line, sizeof line,
+             "loom emu: block %u thread %u: barrier %u with a count of %u, but the threads before it said %u", b->id,
+             k, id, count, bar.count);
+    misuse(line);
+  }
+  bar.arrived++;
+  if (wait) {
+    bar.waiters.push_back(k);
+    f.state = F_BAR;
+  }
+  if (bar.arrived == bar.count) {
+    for (unsigned w : bar.waiters)
+      b->fibers[w].state = F_RUN;
+    bar.waiters.clear();
+    bar.arrived = 0;
+    __atomic_store_n(&bar.gen, bar.gen + 1, __ATOMIC_RELAXED);
+  }
+}
+
+/* No thread can run: each that has not ended waits at a barrier that
+ * only a thread of the block could complete. On a GPU the block hangs;
+ * here it is a loud stop that says where. */
+[[noreturn]] void deadlock(block *b, unsigned live) {
+  unsigned ended = b->g->threads - live;
+  unsigned waited = 0, only = 0;
+  for (unsigned id = 0; id < kBars; id++)
+    if (!b->bars[id].waiters.empty()) {
+      waited++;
+      only = id;
+    }
+  char line[1024];
+  int n;
+  if (waited == 1 && only == 0 && ended > 0 && b->bars[0].count == b->g->threads)
+    n = snprintf(line, sizeof line, "loom emu: block %u: %u of %u threads ended while the others wait at __syncthreads",
+                 b->id, ended, b->g->threads);
+  else
+    n = snprintf(line, sizeof line,
+                 "loom emu: block %u: deadlock: each of its %u running threads waits at a barrier no thread can "
+                 "complete (%u of %u threads ended)",
+                 b->id, live, ended, b->g->threads);
+  for (unsigned id = 0; id < kBars && n > 0 && (size_t)n < sizeof line; id++) {
+    const barrier &bar = b->bars[id];
+    if (bar.waiters.empty())
+      continue;
+    n += snprintf(line + n, sizeof line - (size_t)n, "; barrier %u: %u of %u arrived, waiting: thread", id,
+                  bar.arrived, bar.count);
+    for (size_t i = 0; i < bar.waiters.size() && i < 8 && n > 0 && (size_t)n < sizeof line; i++)
+      n += snprintf(line + n, sizeof line - (size_t)n, " %u", bar.waiters[i]);
+    if (bar.waiters.size() > 8 && n > 0 && (size_t)n < sizeof line)
+      n += snprintf(line + n, sizeof line - (size_t)n, " and %zu more", bar.waiters.size() - 8);
+  }
+  misuse(line);
 }
 
 void run_block(block *b) {
@@ -226,36 +334,52 @@ void run_block(block *b) {
   std::vector<unsigned> order(g->threads);
   for (unsigned i = 0; i < g->threads; i++)
     order[i] = i;
-  for (;;) {
-    /* One phase: every live thread runs to the next barrier or its end. */
+  unsigned live = g->threads;
+  while (live > 0) {
+    /* One round: every thread that can run runs until it waits at a
+     * barrier, yields or ends (an arrival without a wait goes on at once). */
     for (unsigned i = g->threads; i > 1; i--) {
       unsigned j = (unsigned)(next_rand(&seed) % i);
       unsigned x = order[i - 1];
       order[i - 1] = order[j];
       order[j] = x;
     }
-    unsigned live = 0;
+    unsigned ran = 0;
+    bool moved = false; /* some thread did more than yield */
     for (unsigned k : order) {
       fiber &f = b->fibers[k];
-      if (__atomic_load_n(&f.done, __ATOMIC_RELAXED))
+      if (f.state != F_RUN)
         continue;
+      ran++;
+      for (;;) {
 #if EMU_TSAN
-      void *ft = f.mem.tsan;
-      __tsan_switch_to_fiber(ft, kNoSync);
+        void *ft = f.mem.tsan;
+        __tsan_switch_to_fiber(ft, kNoSync);
 #endif
-      swapcontext(&b->sched, &f.ctx);
-      if (!__atomic_load_n(&f.done, __ATOMIC_RELAXED))
-        live++;
+        swapcontext(&b->sched, &f.ctx);
+        unsigned char req = __atomic_load_n(&f.req, __ATOMIC_RELAXED);
+        if (req == REQ_ARRIVE) {
+          arrive(b, k, false);
+          moved = true;
+          continue;
+        }
+        if (req == REQ_SYNC) {
+          arrive(b, k, true);
+          moved = true;
+        } else if (req == REQ_END) {
+          f.state = F_DONE;
+          live--;
+          moved = true;
+        }
+        break;
+      }
     }
-    if (live == 0)
-      break;
-    if (live != g->threads) {
-      /* A thread that ended while others wait at a barrier: on a GPU that
-       * is undefined (it hangs or corrupts); here it is a loud stop. */
-      fprintf(stderr, "loom emu: block %u: %u of %u threads ended while the others wait at __syncthreads\n", b->id,
-              g->threads - live, g->threads);
-      abort();
-    }
+    if (live > 0 && ran == 0)
+      deadlock(b, live);
+    /* Every thread only yielded: what they wait for is outside the block
+     * (another block, a stream, the host), so let the OS thread give way. */
+    if (!moved)
+      sched_yield();
   }
   /* Every thread has ended: all they did happens before what this OS
    * thread does next (the next block, its exit, which the grid's join and
@@ -283,15 +407,57 @@ void *worker_main(void *p) {
 
 } // namespace
 
-/* A barrier: the calling thread's work so far happens before every
- * thread's work after it (block::bar), then the next thread runs. */
-void emu_syncthreads(void) {
+namespace {
+
+fiber *self_fiber(const char *what) {
   fiber *f = (fiber *)__atomic_load_n(&emu_self, __ATOMIC_RELAXED);
-  void *sync = &f->b->bar[f->bars % 2];
-  to_sched(f, sync);
-  tsan_acquire(sync);
-  f->bars++;
+  if (!f) {
+    char line[120];
+    snprintf(line, sizeof line, "loom emu: %s outside a kernel", what);
+    misuse(line);
+  }
+  return f;
 }
+
+/* An arrival at barrier `id`: the thread's work so far is released into
+ * the generation it joins; the sync object, so that a waiter acquires it. */
+void *arrival_sync(fiber *f, unsigned id, const char *what) {
+  if (id >= kBars) {
+    char line[160];
+    snprintf(line, sizeof line, "loom emu: block %u thread %u: %s(%u, ...): barriers are 0 to %u", f->t.bid.x,
+             f->t.tid.x, what, id, kBars - 1);
+    misuse(line);
+  }
+  barrier &bar = f->b->bars[id];
+  return &bar.sync[__atomic_load_n(&bar.gen, __ATOMIC_RELAXED) % 4];
+}
+
+} // namespace
+
+/* A barrier: the work of every thread arriving happens before every
+ * waiting thread's work after it (barrier::sync), then another thread runs. */
+void emu_bar_sync(unsigned id, unsigned count) {
+  fiber *f = self_fiber("emu_bar_sync");
+  void *sync = arrival_sync(f, id, "emu_bar_sync");
+  to_sched(f, REQ_SYNC, id, count, sync);
+  tsan_acquire(sync);
+}
+
+/* Counted at once; the scheduler resumes the same thread, so no other
+ * thread runs in between (an arrival is no switch point of its own). */
+void emu_bar_arrive(unsigned id, unsigned count) {
+  fiber *f = self_fiber("emu_bar_arrive");
+  to_sched(f, REQ_ARRIVE, id, count, arrival_sync(f, id, "emu_bar_arrive"));
+}
+
+void emu_yield(void) { to_sched(self_fiber("emu_yield"), REQ_YIELD, 0, 0, nullptr); }
+
+void emu_syncthreads(void) {
+  fiber *f = self_fiber("__syncthreads");
+  emu_bar_sync(0, f->b->g->threads);
+}
+
+const struct emu_thread *emu_current(void) { return __atomic_load_n(&emu_self, __ATOMIC_RELAXED); }
 
 void emu_run_grid(unsigned blocks, unsigned threads, unsigned resident, emu_kernel_fn kernel, const void *arg,
                   uint64_t seed) {

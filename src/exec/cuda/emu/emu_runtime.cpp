@@ -24,7 +24,9 @@
  *   pinned and ordinary memory apart.
  * - A process forked after the runtime started gets
  *   cudaErrorInitializationError, as from a real driver.
- * - Stream capture is a flag: captured work is dropped, not replayed.
+ * - Stream capture records into a graph that launches replay, with the
+ *   capture modes' rules on unsafe calls (emu_graph.cpp, which also has
+ *   events and synchronisation).
  *
  * What is not: GPU memory ordering weaker than the CPU's, real peer access
  * checks, timing. The device script (tests/gpu/run.sh) covers those.
@@ -33,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include "exec/cuda/emu/emu.h"
+#include "exec/cuda/emu/emu_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,30 +48,16 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
-#include <vector>
 
-namespace {
+namespace emu {
 
 /* ---- configuration ------------------------------------------------------ */
 
-struct config {
-  int devices = 2; /* visible ones, after CUDA_VISIBLE_DEVICES */
-  int physical[16]; /* a visible device's index among LOOM_EMU_DEVICES */
-  unsigned threads = 32;
-  unsigned resident = 64;
-  uint64_t seed = 0x9e3779b97f4a7c15ull;
-  const char *bad = nullptr; /* the sentence when the environment is wrong */
-  char why[200];
-};
-
 config g_cfg;
-std::once_flag g_cfg_once;
+static std::once_flag g_cfg_once;
 
-bool read_uint(const char *name, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
+static bool read_uint(const char *name, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
   const char *v = getenv(name);
   if (!v || !*v)
     return true;
@@ -81,7 +70,7 @@ bool read_uint(const char *name, unsigned long long lo, unsigned long long hi, u
   return true;
 }
 
-void config_read() {
+static void config_read() {
   unsigned long long x;
   struct {
     const char *name;
@@ -129,18 +118,16 @@ void config_read() {
 
 /* ---- process state ------------------------------------------------------- */
 
-std::mutex g_mu; /* allocations, streams, peer access */
-std::atomic<bool> g_started{false}, g_forked{false};
+std::mutex g_mu;
+static std::atomic<bool> g_started{false}, g_forked{false};
 thread_local int t_dev = 0;
-thread_local cudaError_t t_last = cudaSuccess;
+static thread_local cudaError_t t_last = cudaSuccess;
 
-void on_fork_child() {
+static void on_fork_child() {
   if (g_started.load())
     g_forked.store(true);
 }
 
-/* Every entry point starts here: the configuration, once, and the state
- * a real runtime would refuse in. */
 cudaError_t enter() {
   std::call_once(g_cfg_once, [] {
     config_read();
@@ -150,6 +137,11 @@ cudaError_t enter() {
     return cudaErrorInitializationError;
   if (g_forked.load())
     return cudaErrorInitializationError;
+  if (t_in_destructor) {
+    fprintf(stderr, "loom emu: a CUDA call inside a user object's destructor, which CUDA forbids "
+                    "(cudaUserObjectCreate)\n");
+    return cudaErrorNotPermitted;
+  }
   return cudaSuccess;
 }
 
@@ -158,13 +150,6 @@ cudaError_t ret(cudaError_t e) {
     t_last = e;
   return e;
 }
-
-#define ENTER()                          \
-  do {                                   \
-    cudaError_t enter_e_ = enter();      \
-    if (enter_e_ != cudaSuccess)         \
-      return ret(enter_e_);              \
-  } while (0)
 
 /* ---- memory -------------------------------------------------------------- */
 
@@ -177,15 +162,15 @@ struct alloc {
   int fd;
 };
 
-std::map<uintptr_t, alloc> g_allocs;
+static std::map<uintptr_t, alloc> g_allocs;
 
-size_t page_round(size_t n) {
+static size_t page_round(size_t n) {
   size_t pg = (size_t)sysconf(_SC_PAGESIZE);
   return (n + pg - 1) / pg * pg;
 }
 
 /* The allocation holding p, under g_mu; null if none. */
-const std::pair<const uintptr_t, alloc> *find_alloc(const void *p) {
+static const std::pair<const uintptr_t, alloc> *find_alloc(const void *p) {
   uintptr_t a = (uintptr_t)p;
   auto it = g_allocs.upper_bound(a);
   if (it == g_allocs.begin())
@@ -198,56 +183,16 @@ const std::pair<const uintptr_t, alloc> *find_alloc(const void *p) {
 
 /* ---- streams and events --------------------------------------------------- */
 
-struct event {
-  uint64_t recorded = 0; /* under g_ev_mu */
-  uint64_t done = 0;
-};
 std::mutex g_ev_mu;
 std::condition_variable g_ev_cv;
 
-struct stream;
-struct dep {
-  stream *s;
-  uint64_t count;
-};
-
-enum op_kind { OP_COPY, OP_SET, OP_KERNEL, OP_HOSTFN, OP_RECORD, OP_WAIT, OP_STOP };
-
-struct op {
-  op_kind kind;
-  void *dst = nullptr;
-  const void *src = nullptr;
-  size_t n = 0;
-  int value = 0;
-  emu_kernel_fn kernel = nullptr;
-  unsigned blocks = 0;
-  cudaHostFn_t fn = nullptr;
-  event *ev = nullptr;
-  uint64_t gen = 0;
-  std::vector<dep> deps;
-};
-
-/* Streams are never freed: a dependency or an event record may still
- * name one after cudaStreamDestroy. They are few. */
-struct stream {
-  int device;
-  bool legacy, blocking;
-  bool capturing = false;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<op> q;
-  uint64_t enq = 0, done = 0;
-  pthread_t th;
-  bool joined = false; /* cudaStreamDestroy waits for the thread's end */
-};
-
-std::vector<stream *> g_streams; /* under g_mu */
+std::vector<stream *> g_streams;
 /* What every command issued from now on waits for: the commands issued
  * before the last allocation (under g_mu). */
-std::vector<dep> g_barrier;
-stream *g_legacy[16];
-thread_local stream *t_per_thread[16];
-std::atomic<uint64_t> g_launches{0};
+static std::vector<dep> g_barrier;
+static stream *g_legacy[16];
+static thread_local stream *t_per_thread[16];
+static std::atomic<uint64_t> g_launches{0};
 
 void wait_stream(stream *s, uint64_t count) {
   std::unique_lock<std::mutex> l(s->mu);
@@ -260,7 +205,7 @@ void wait_stream(stream *s, uint64_t count) {
  * (a copy is complete before the next is issued, as a GPU's are, and
  * sees what the kernel wrote before the counter it read), which is also
  * what ThreadSanitizer then sees; the rest as memmove. */
-void copy(void *dst, const void *src, size_t n) {
+static void copy(void *dst, const void *src, size_t n) {
   if (n <= 4096 && ((uintptr_t)dst | (uintptr_t)src | n) % 8 == 0) {
     for (size_t i = 0; i < n / 8; i++)
       __atomic_store_n((uint64_t *)dst + i, __atomic_load_n((const uint64_t *)src + i, __ATOMIC_ACQUIRE),
@@ -270,7 +215,7 @@ void copy(void *dst, const void *src, size_t n) {
   memmove(dst, src, n);
 }
 
-void run_op(op &o) {
+static void run_op(op &o) {
   for (const dep &d : o.deps)
     wait_stream(d.s, d.count);
   switch (o.kind) {
@@ -280,6 +225,7 @@ void run_op(op &o) {
     emu_run_grid(o.blocks, g_cfg.threads, g_cfg.resident, o.kernel, o.src, g_cfg.seed + g_launches.fetch_add(1));
     break;
   case OP_HOSTFN: o.fn(o.dst); break;
+  case OP_TASK: o.task(); break;
   case OP_RECORD: {
     std::lock_guard<std::mutex> l(g_ev_mu);
     if (o.ev->done < o.gen)
@@ -296,7 +242,7 @@ void run_op(op &o) {
   }
 }
 
-void *stream_main(void *p) {
+static void *stream_main(void *p) {
   stream *s = (stream *)p;
   for (;;) {
     op o;
@@ -318,7 +264,7 @@ void *stream_main(void *p) {
   }
 }
 
-stream *stream_new(int dev, bool legacy, bool blocking) {
+static stream *stream_new(int dev, bool legacy, bool blocking) {
   stream *s = new stream;
   s->device = dev;
   s->legacy = legacy;
@@ -351,8 +297,6 @@ stream *resolve(cudaStream_t h) {
   return (stream *)h;
 }
 
-/* Queues o on s behind what the legacy stream rule says it waits for;
- * returns the count at which it is done. */
 uint64_t enqueue(stream *s, op o) {
   /* The end of a stream waits for its own queue only. */
   if (o.kind != OP_STOP) {
@@ -371,8 +315,6 @@ uint64_t enqueue(stream *s, op o) {
     }
   }
   std::lock_guard<std::mutex> l(s->mu);
-  if (s->capturing && o.kind != OP_STOP)
-    return s->done; /* captured into a graph that is never replayed */
   s->q.push_back(std::move(o));
   s->cv.notify_all();
   return ++s->enq;
@@ -388,7 +330,7 @@ void sync_stream(stream *s) {
 }
 
 /* An allocation: later commands wait for all those issued until now. */
-void serialise() {
+static void serialise() {
   std::lock_guard<std::mutex> l(g_mu);
   g_barrier.clear();
   for (stream *x : g_streams) {
@@ -410,7 +352,7 @@ void sync_all() {
 
 /* Frees an allocation of `kind` once every stream's work is done (cudaFree
  * and friends synchronise the device). */
-cudaError_t release(void *p, mem_kind kind) {
+static cudaError_t release(void *p, mem_kind kind) {
   sync_all();
   std::lock_guard<std::mutex> l(g_mu);
   auto it = g_allocs.find((uintptr_t)p);
@@ -423,14 +365,14 @@ cudaError_t release(void *p, mem_kind kind) {
   return cudaSuccess;
 }
 
-/* Queues a copy on s; the count at which it is done. */
-uint64_t copy_on(stream *s, void *dst, const void *src, size_t n) {
+/* Queues (or captures) a copy on s; *count, the count at which it is done. */
+static cudaError_t copy_on(stream *s, void *dst, const void *src, size_t n, uint64_t *count = nullptr) {
   op o;
   o.kind = OP_COPY;
   o.dst = dst;
   o.src = src;
   o.n = n;
-  return enqueue(s, std::move(o));
+  return submit(s, std::move(o), count);
 }
 
 /* The IPC handle's bytes. */
@@ -440,11 +382,13 @@ struct ipc_handle {
   uint64_t size;
 };
 static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t), "IPC handle");
-const char kMagic[8] = {'L', 'O', 'O', 'M', 'E', 'M', 'U', '1'};
+static const char kMagic[8] = {'L', 'O', 'O', 'M', 'E', 'M', 'U', '1'};
 
-} // namespace
+} // namespace emu
 
 /* ---- the API ------------------------------------------------------------- */
+
+using namespace emu;
 
 extern "C" {
 
@@ -455,15 +399,39 @@ unsigned emu_resident_blocks(void) {
 
 int emu_launch(void *h, unsigned blocks, emu_kernel_fn kernel, const void *arg) {
   ENTER();
-  if (blocks == 0)
+  if (blocks == 0 || !kernel)
     return ret(cudaErrorInvalidConfiguration);
   op o;
   o.kind = OP_KERNEL;
   o.kernel = kernel;
   o.src = arg;
   o.blocks = blocks;
-  enqueue(resolve((cudaStream_t)h), std::move(o));
-  return cudaSuccess;
+  return ret(submit(resolve((cudaStream_t)h), std::move(o)));
+}
+
+int emu_launch_params(void *h, unsigned blocks, emu_kernel_fn kernel, const void *params, size_t bytes) {
+  ENTER();
+  if (blocks == 0 || !kernel)
+    return ret(cudaErrorInvalidConfiguration);
+  if (bytes > 32764 || (bytes && !params)) {
+    fprintf(stderr, "loom emu: emu_launch_params: %zu bytes of parameters at %p (a kernel takes at most 32764)\n",
+            bytes, params);
+    return ret(cudaErrorInvalidValue);
+  }
+  /* The copy a GPU's launch makes, shared by the graph a capture records
+   * it into and each of its launches, freed with the last of them. */
+  void *copy = aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
+  if (!copy)
+    return ret(cudaErrorMemoryAllocation);
+  if (bytes)
+    memcpy(copy, params, bytes);
+  op o;
+  o.kind = OP_KERNEL;
+  o.kernel = kernel;
+  o.src = copy;
+  o.params = std::shared_ptr<void>(copy, free);
+  o.blocks = blocks;
+  return ret(submit(resolve((cudaStream_t)h), std::move(o)));
 }
 
 cudaError_t cudaGetDeviceCount(int *n) {
@@ -584,6 +552,15 @@ const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
   case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
   case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+  case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+  case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+  case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+  case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+  case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+  case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+  case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+  case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
+  case cudaErrorNotSupported: return "cudaErrorNotSupported";
   case cudaErrorIllegalState: return "cudaErrorIllegalState";
   case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
   default: return "cudaErrorUnknown";
@@ -605,6 +582,9 @@ const char *cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaMalloc(void **p, size_t size) {
   ENTER();
   *p = nullptr;
+  cudaError_t e = capture_unsafe();
+  if (e != cudaSuccess)
+    return ret(e);
   if (size == 0)
     return cudaSuccess;
   serialise();
@@ -625,11 +605,17 @@ cudaError_t cudaMalloc(void **p, size_t size) {
 
 cudaError_t cudaFree(void *p) {
   ENTER();
+  cudaError_t e = capture_unsafe();
+  if (e != cudaSuccess)
+    return ret(e);
   return p ? release(p, MEM_DEVICE) : cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
   ENTER();
+  cudaError_t e = capture_unsafe();
+  if (e != cudaSuccess)
+    return ret(e);
   serialise();
   size_t n = page_round(size ? size : 1);
   void *m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -645,6 +631,9 @@ cudaError_t cudaMallocHost(void **p, size_t size) { return cudaHostAlloc(p, size
 
 cudaError_t cudaFreeHost(void *p) {
   ENTER();
+  cudaError_t e = capture_unsafe();
+  if (e != cudaSuccess)
+    return ret(e);
   return p ? release(p, MEM_PINNED) : cudaSuccess;
 }
 
@@ -756,8 +745,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     return cudaSuccess;
   if (!dst || !src)
     return ret(cudaErrorInvalidValue);
-  copy_on(resolve(h), dst, src, n);
-  return cudaSuccess;
+  return ret(copy_on(resolve(h), dst, src, n));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
@@ -766,9 +754,15 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return cudaSuccess;
   if (!dst || !src)
     return ret(cudaErrorInvalidValue);
+  cudaError_t e = capture_unsafe();
+  if (e != cudaSuccess)
+    return ret(e);
   stream *s = legacy_of(t_dev);
-  wait_stream(s, copy_on(s, dst, src, n));
-  return cudaSuccess;
+  uint64_t count;
+  e = copy_on(s, dst, src, n, &count);
+  if (e == cudaSuccess)
+    wait_stream(s, count);
+  return ret(e);
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t h) {
@@ -780,8 +774,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t h) {
   o.dst = dst;
   o.value = value;
   o.n = n;
-  enqueue(resolve(h), std::move(o));
-  return cudaSuccess;
+  return ret(submit(resolve(h), std::move(o)));
 }
 
 cudaError_t cudaMemset(void *dst, int value, size_t n) {
@@ -826,134 +819,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t h) {
   enqueue(s, std::move(o));
   if (join)
     pthread_join(s->th, nullptr);
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t h) {
-  ENTER();
-  sync_stream(resolve(h));
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamQuery(cudaStream_t h) {
-  ENTER();
-  stream *s = resolve(h);
-  std::lock_guard<std::mutex> l(s->mu);
-  return s->done >= s->enq ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int flags) {
-  ENTER();
-  event *ev = (event *)e;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> l(g_ev_mu);
-    gen = ev->recorded;
-  }
-  if (gen == 0)
-    return cudaSuccess; /* never recorded: nothing to wait for */
-  op o;
-  o.kind = OP_WAIT;
-  o.ev = ev;
-  o.gen = gen;
-  enqueue(resolve(h), std::move(o));
-  return cudaSuccess;
-}
-
-cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *arg) {
-  ENTER();
-  op o;
-  o.kind = OP_HOSTFN;
-  o.fn = fn;
-  o.dst = arg;
-  enqueue(resolve(h), std::move(o));
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void) {
-  ENTER();
-  sync_all();
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mode) {
-  ENTER();
-  stream *s = resolve(h);
-  if (s->legacy)
-    return ret(cudaErrorStreamCaptureUnsupported);
-  std::lock_guard<std::mutex> l(s->mu);
-  if (s->capturing)
-    return ret(cudaErrorIllegalState);
-  s->capturing = true;
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *graph) {
-  ENTER();
-  stream *s = resolve(h);
-  std::lock_guard<std::mutex> l(s->mu);
-  if (!s->capturing)
-    return ret(cudaErrorIllegalState);
-  s->capturing = false;
-  *graph = (cudaGraph_t)malloc(1); /* a graph that can only be destroyed */
-  return cudaSuccess;
-}
-
-cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCaptureStatus *status) {
-  ENTER();
-  stream *s = resolve(h);
-  std::lock_guard<std::mutex> l(s->mu);
-  *status = s->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
-  return cudaSuccess;
-}
-
-cudaError_t cudaGraphDestroy(cudaGraph_t g) {
-  free(g);
-  return cudaSuccess;
-}
-
-/* ---- events ---- */
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
-  ENTER();
-  *e = (cudaEvent_t) new event; /* never freed: a queued record may still name it */
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  ENTER();
-  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
-  ENTER();
-  event *ev = (event *)e;
-  op o;
-  o.kind = OP_RECORD;
-  o.ev = ev;
-  {
-    std::lock_guard<std::mutex> l(g_ev_mu);
-    o.gen = ++ev->recorded;
-  }
-  enqueue(resolve(h), std::move(o));
-  return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t e) {
-  ENTER();
-  event *ev = (event *)e;
-  std::lock_guard<std::mutex> l(g_ev_mu);
-  return ev->done >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  ENTER();
-  event *ev = (event *)e;
-  std::unique_lock<std::mutex> l(g_ev_mu);
-  uint64_t want = ev->recorded;
-  g_ev_cv.wait(l, [&] { return ev->done >= want; });
   return cudaSuccess;
 }
 
