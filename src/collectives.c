@@ -186,10 +186,10 @@ static ncclResult_t submit(struct ncclComm *comm, struct task *t, cudaStream_t s
     if (need_send && need_recv)
       CHECK(check_overlap(comm, t, func));
   }
-  /* The host counts a CUDA communicator's slots once per call: a graph
-   * replaying the kernel would reuse counts long spent. */
+  /* A stream being captured into a CUDA graph is fine: the kernels keep
+   * their slot counts themselves, so every replay goes on from the last. */
   if (!comm->is_host)
-    CHECK(cuda_stream_check(stream, func, comm->rank));
+    CHECK(cuda_stream_check(stream, func, comm->rank, 1));
   t->stream = stream;
   if (log_enabled(LOG_INFO, LOG_COLL)) {
     char d[200];

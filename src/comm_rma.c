@@ -32,7 +32,7 @@
 static ncclResult_t rma_check_comm(struct ncclComm *comm, cudaStream_t stream, const char *func) {
   CHECK(comm_check(comm, func));
   if (!comm->is_host)
-    return cuda_stream_check(stream, func, comm->rank);
+    return cuda_stream_check(stream, func, comm->rank, 0);
   if (stream != NULL)
     return err_set(ncclInvalidArgument,
                    "%s: stream must be NULL on a host communicator (its buffers are host memory and the call "

@@ -474,6 +474,7 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
   for (int i = 0; i < ncomms; i++)
     any_cuda |= !comms[i]->is_host;
   int saved_dev = any_cuda ? cuda_current_device() : -1;
+  int saved_mode = any_cuda ? cuda_capture_relax() : 0;
   for (int i = 0; i < ncomms; i++) {
     int ntasks = 0;
     for (struct task *t = comms[i]->tasks_head; t; t = t->next)
@@ -487,6 +488,8 @@ ncclResult_t enqueue_launch(struct ncclComm **comms, int ncomms) {
     status_op_end(comms[i], r);
   if (plans != few)
     free(plans);
+  if (any_cuda)
+    cuda_capture_restore(saved_mode);
   cuda_restore_device(saved_dev);
   return r;
 }

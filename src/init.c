@@ -222,7 +222,10 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   comm->comm_hash = bootstrap_id_hash(id);
   if (config->commName)
     snprintf(comm->name, sizeof comm->name, "%s", config->commName);
-  comm->buffsize = (size_t)param_int(P_BUFFSIZE);
+  /* A GPU's lanes move 512 KiB slots, as NCCL's do: a piece's handshake
+   * is paid over twice the bytes. Host communicators keep 2 MiB FIFOs,
+   * which their many shared-memory connections would otherwise double. */
+  comm->buffsize = param_is_set(P_BUFFSIZE) || comm->is_host ? (size_t)param_int(P_BUFFSIZE) : (size_t)4 << 20;
 
   if (bootstrap_id_is_fixed(id) && rank == 0)
     CHECK(bootstrap_start_root(id));

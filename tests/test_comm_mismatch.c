@@ -146,14 +146,14 @@ TEST_IMPL(comm_mismatch_sendrecv) {
   return run_mismatch(&m);
 }
 
-/* A send larger than the FIFO needs the receiver to drain it: once the
- * receiver refuses, the sender must not wait for it forever, nor report
- * success for data nobody took. */
+/* A send larger than the FIFO (4 MiB on a CUDA communicator) needs the
+ * receiver to drain it: once the receiver refuses, the sender must not
+ * wait for it forever, nor report success for data nobody took. */
 TEST_IMPL(comm_mismatch_sendrecv_large) {
   static const struct mismatch m = {
-      .c = {{C_SEND, 1 << 20, ncclFloat, ncclSum}, {C_RECV, 50, ncclFloat, ncclSum}},
-      .want = {{"Send(count 1048576, float", "rank 1"},
-               {"Recv(count 50, float", "from rank 0", "Send(count 1048576, float"}},
+      .c = {{C_SEND, 1 << 21, ncclFloat, ncclSum}, {C_RECV, 50, ncclFloat, ncclSum}},
+      .want = {{"Send(count 2097152, float", "rank 1"},
+               {"Recv(count 50, float", "from rank 0", "Send(count 2097152, float"}},
       .also_ok = {OK_BIT(ncclRemoteError), 0},
   };
   return run_mismatch(&m);

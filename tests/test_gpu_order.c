@@ -152,31 +152,6 @@ TEST_IMPL(gpu_two_streams) {
   return run_ranks(2, streams_rank, NULL);
 }
 
-/* A stream being captured into a graph is refused, with nothing queued,
- * and the communicator works on after the capture. */
-TEST_IMPL(gpu_capture_refused) {
-  NEED_GPU();
-  ncclComm_t comm;
-  int dev = 0;
-  ASSERT_OK(ncclCommInitAll(&comm, 1, &dev));
-  float *d;
-  cudaStream_t s;
-  ASSERT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  ASSERT(cudaMalloc((void **)&d, 4096) == cudaSuccess);
-  ASSERT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-  ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s);
-  cudaGraph_t graph;
-  ASSERT(cudaStreamEndCapture(s, &graph) == cudaSuccess);
-  cudaGraphDestroy(graph);
-  ASSERT_MSG(r == ncclInvalidUsage, "ncclAllReduce under capture returned %d", r);
-  ASSERT_MSG(strstr(ncclGetLastError(comm), "CUDA graph") != NULL, "%s", ncclGetLastError(comm));
-  ASSERT_OK(ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, s));
-  ASSERT(cudaStreamSynchronize(s) == cudaSuccess);
-  ASSERT_OK(ncclCommDestroy(comm));
-  cudaFree(d);
-  return 0;
-}
-
 /* One thread, two communicators on one GPU, and a group big enough that
  * each launch needs more memory than the last: nothing may be freed (an
  * implicit synchronisation) once the first kernel waits for the second. */
@@ -256,7 +231,6 @@ TEST_IMPL(gpu_lanes_refused) {
 NO_CUDA(gpu_lanes_refused)
 NO_CUDA(gpu_self_in_order)
 NO_CUDA(gpu_two_streams)
-NO_CUDA(gpu_capture_refused)
 NO_CUDA(gpu_group_grows)
 
 #endif

@@ -236,7 +236,6 @@ TEST(gpu_mem_alloc, 60)
 /* Stream order and the host side's first-run defects (test_gpu_order.c). */
 TEST(gpu_self_in_order, 60)
 TEST(gpu_two_streams, 60)
-TEST(gpu_capture_refused, 60)
 TEST(gpu_group_grows, 120)
 TEST(gpu_lanes_refused, 60)
 /* The CUDA emulation itself, through loom_tests_emu only: graphs and
@@ -251,6 +250,12 @@ TEST(emu_capture_threads, 30)
 TEST(emu_capture_relaxed_alloc, 30)
 TEST(emu_bar_pipeline, 60)
 TEST(emu_bar_deadlock, 60)
+/* Collectives captured into CUDA graphs and replayed (test_gpu_graph.c). */
+TEST(gpu_graph_replay_2, 120)
+TEST(gpu_graph_replay_3, 180)
+TEST(gpu_graph_replay_shm_2, 120)
+TEST(gpu_graph_replay_socket_2, 120)
+TEST(gpu_graph_invalidated, 60)
 /* P2P decided from the topology, the peer's GPU unseen (test_gpu_topo.c). */
 TEST(gpu_p2p_invisible_switch, 60)
 TEST(gpu_p2p_invisible_sockets, 60)

@@ -101,6 +101,20 @@ void cuda_restore_device(int dev) {
     cudaSetDevice(dev);
 }
 
+int cuda_capture_relax(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    cudaGetLastError();
+    return (int)cudaStreamCaptureModeRelaxed;
+  }
+  return (int)mode;
+}
+
+void cuda_capture_restore(int mode) {
+  enum cudaStreamCaptureMode m = (enum cudaStreamCaptureMode)mode;
+  cudaThreadExchangeStreamCaptureMode(&m);
+}
+
 ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what) {
   cudaError_t e = cudaMalloc(ptr, size);
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaMalloc for %s (%zu bytes)", what, size);
@@ -248,14 +262,18 @@ ncclResult_t cuda_enable_peer(int peer_dev) {
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaDeviceEnablePeerAccess(%d)", peer_dev);
 }
 
-ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) {
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
   if (e != cudaSuccess)
     return fail(e, "%s: cudaStreamIsCapturing(%p)", func, stream);
-  if (st != cudaStreamCaptureStatusNone)
+  if (st == cudaStreamCaptureStatusInvalidated)
     return err_set(ncclInvalidUsage,
-                   "%s: rank %d: stream %p is being captured into a CUDA graph, which Loom does not support yet; "
+                   "%s: rank %d: stream %p's capture into a CUDA graph was invalidated by an earlier call that a "
+                   "capture does not allow; nothing was enqueued", func, rank, stream);
+  if (st != cudaStreamCaptureStatusNone && !capture_ok)
+    return err_set(ncclInvalidUsage,
+                   "%s: rank %d: stream %p is being captured into a CUDA graph, which Loom supports for collectives and point-to-point calls only; "
                    "call it outside the capture (nothing was enqueued)",
                    func, rank, stream);
   return ncclSuccess;
@@ -429,6 +447,8 @@ int cuda_pick_device(void) { return -1; }
 int cuda_device_count(void) { return 0; }
 int cuda_current_device(void) { return -1; }
 void cuda_restore_device(int dev) {}
+int cuda_capture_relax(void) { return 0; }
+void cuda_capture_restore(int mode) {}
 ncclResult_t cuda_bus_id(int dev, char *busid) { return none("cuda_bus_id"); }
 int cuda_device_of_bus_id(const char *busid) { return -1; }
 int cuda_can_access_peer(int dev, int peer_dev) { return 0; }
@@ -468,5 +488,5 @@ ncclResult_t cuda_peek_read(struct cuda_peek *p, size_t at, const void *src, siz
 ncclResult_t cuda_peek_write(struct cuda_peek *p, void *dst, size_t at, size_t n) { return none("cudaMemcpy"); }
 ncclResult_t cuda_peek_issue(struct cuda_peek *p) { return none("cudaEventRecord"); }
 int cuda_peek_done(struct cuda_peek *p) { return -1; }
-ncclResult_t cuda_stream_check(void *stream, const char *func, int rank) { return none(func); }
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok) { return none(func); }
 #endif

@@ -33,6 +33,12 @@ ncclResult_t cuda_set_device(int dev);
  * back: Loom's calls leave the caller's current device as they found it. */
 int cuda_current_device(void);
 void cuda_restore_device(int dev);
+/* The calling thread's stream-capture mode set to relaxed, returning the
+ * mode it had: a call captured into a CUDA graph may have to connect to a
+ * new peer, whose memory allocation the default mode forbids during a
+ * capture (the allocation is made now, not captured). */
+int cuda_capture_relax(void);
+void cuda_capture_restore(int mode);
 
 ncclResult_t cuda_malloc(void **ptr, size_t size, const char *what);
 void cuda_free(void *ptr);
@@ -68,8 +74,10 @@ int cuda_peek_done(struct cuda_peek *p);
 /* Lets this device's kernels reach the memory of `peer_dev` (in this
  * process); already enabled is fine. */
 ncclResult_t cuda_enable_peer(int peer_dev);
-/* Refuses a stream being captured into a CUDA graph, with the sentence. */
-ncclResult_t cuda_stream_check(void *stream, const char *func, int rank);
+/* Refuses a stream that is not valid or whose capture into a CUDA graph
+ * was invalidated, and one being captured unless capture_ok, with the
+ * sentence. */
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok);
 /* Pins and maps existing host memory for the GPU; *dev is its device address. */
 ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what);
 void cuda_host_unregister(void *ptr);

@@ -30,6 +30,10 @@ struct p2p_ctrl {
   uint64_t pad[7];
   uint32_t failed;
   char why[LOOM_ERR_LEN];
+  /* This side's own slot count (posted by a sender, released by a
+   * receiver), kept by its kernels: the counter it advances lives in the
+   * peer's memory, too far to read when every work starts. */
+  uint64_t step __attribute__((aligned(64)));
 };
 _Static_assert(sizeof(struct p2p_ctrl) <= P2P_CTRL_BYTES, "p2p control page too small");
 
@@ -147,6 +151,7 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
     c->dev.tail = (uint64_t *)local;
     c->dev.head = (uint64_t *)remote;
   }
+  c->dev.step = (uint64_t *)(local + offsetof(struct p2p_ctrl, step));
   return cuda_peek_init(&pp->peek, sizeof(struct p2p_snap) + sizeof(struct p2p_ctrl), "a p2p connection's peek");
 }
 
@@ -221,9 +226,11 @@ static void snap_fresh(struct conn *c, struct p2p_priv *pp, uint64_t until_ns) {
   snap_wait(pp, until_ns);
 }
 
-static int send_flushed(const struct conn *c, const struct p2p_priv *pp) {
-  /* A failed read says nothing of the peer: the memory goes. */
-  return pp->peek_failed || (pp->seen_ok && pp->seen.ctrl.counter >= c->step);
+static int send_flushed(const struct p2p_priv *pp) {
+  /* A failed read says nothing of the peer: the memory goes. The slots
+   * posted are the kernels' count, not the host's: a CUDA graph's
+   * replays post slots the host never counted. */
+  return pp->peek_failed || (pp->seen_ok && pp->seen.ctrl.counter >= pp->seen.ctrl.step);
 }
 
 /* A send is flushed once the peer's kernel released every slot posted:
@@ -232,12 +239,12 @@ static int send_flushed(const struct conn *c, const struct p2p_priv *pp) {
  * old "no" is checked again with a fresh look. */
 static int p2p_flushed(struct conn *c) {
   struct p2p_priv *pp = c->priv;
-  if (c->dir != CONN_SEND || c->step == 0 || !pp || !pp->peek.buf)
+  if (c->dir != CONN_SEND || !pp || !pp->peek.buf)
     return 1;
   snap_refresh(c, pp);
-  if (!send_flushed(c, pp))
+  if (!send_flushed(pp))
     snap_fresh(c, pp, time_ns() + 20000000ull);
-  return send_flushed(c, pp);
+  return send_flushed(pp);
 }
 
 static ncclResult_t p2p_check(struct conn *c) {

@@ -131,6 +131,7 @@ static ncclResult_t shm_attach(struct conn *c, struct shm_priv *sp, size_t capac
   c->dev.base = d + SHM_DATA_OFFSET;
   c->dev.tail = (uint64_t *)(d + offsetof(struct shm_ctrl, tail));
   c->dev.head = (uint64_t *)(d + offsetof(struct shm_ctrl, head));
+  c->dev.step = c->dir == CONN_SEND ? c->dev.tail : c->dev.head;
   return ncclSuccess;
 }
 

@@ -146,8 +146,15 @@ struct conn {
     char *base;
     char *hdrs;
     uint64_t *tail, *head;
+    /* This side's slot count as its kernels keep it (dev.h, dev_conn):
+     * its own counter (the tail of a send, the head of a receive) where
+     * the kernels can read it at little cost, else a word of its own in
+     * this side's device memory. */
+    uint64_t *step;
   } dev;
   int proxied;       /* a CUDA communicator's proxy thread drives it */
+  int packed_lane;   /* the lane of the launch numbered packed_in using it (cuda_launch.c) */
+  uint64_t packed_in;
   int crossed_watch; /* ... and looks at it for crossed calls */
   struct conn *next_pending;
   struct conn *next_extra; /* trees and recursive doubling: comm->extra_conns */

@@ -9,6 +9,7 @@
 #define LOOM_CUDA_COMM_H
 
 #include "core.h"
+#include "exec/cuda/dev.h"
 #include "transport/slot_hdr.h"
 #include "transport/transport.h"
 
@@ -17,9 +18,12 @@
 #include <stdatomic.h>
 
 /* Launch arenas a communicator makes at init (more launches in flight
- * wait for the oldest), and at most (a group of many launches). */
+ * with plans too big for the kernel's parameters wait for the oldest),
+ * and at most: a group of many launches, and launches whose plans are in
+ * their parameters, which need only an arena's event (up to
+ * MAX_ARENAS - MAX_BATCHES of them in flight before one is waited for). */
 #define CUDA_ARENAS 4
-#define MAX_ARENAS 40
+#define MAX_ARENAS 96
 /* Launches one group may need: its lanes beyond what the device holds at
  * once run in later launches (cuda_launch.c). */
 #define MAX_BATCHES 32
@@ -48,11 +52,13 @@ struct arena {
 
 /* One launch cuda_prepare packed and cuda_launch starts. */
 struct batch {
-  struct arena *a;
+  struct arena *a;       /* its event, and the plan's memory where it is not in the parameters */
+  char *captured;        /* the plan of a captured launch too big for its parameters (malloc'd) */
   size_t size, works, tmpl;
   uint32_t lanes;
   struct slot_hdr first; /* its first work's header, for the proxy's sentences */
   uint32_t others;       /* its works of other calls than the first's */
+  struct dev_params params; /* last: pack() clears the fields before it */
 };
 
 /* Arena memory outgrown: freed with the communicator, never before, since
@@ -73,6 +79,8 @@ struct cuda_comm {
   /* What cuda_prepare packed and cuda_launch starts, in order. */
   struct batch ready[MAX_BATCHES];
   int nready;
+  int capturing;    /* cuda_prepare found the stream capturing into a CUDA graph */
+  uint64_t npacked; /* launches packed, to number them for conn.packed_in */
   cudaEvent_t last; /* recorded after every launch */
   void *last_stream;
   _Atomic int launched; /* set by launches, read by the proxy */
@@ -131,5 +139,7 @@ static inline ncclResult_t cuda_fail(cudaError_t e, const char *what) {
 ncclResult_t cuda_arena_get(struct cuda_comm *cc, size_t size, struct arena **out);
 /* A new arena of at least `size` bytes. */
 ncclResult_t cuda_arena_add(struct cuda_comm *cc, size_t size, struct arena **out);
+/* Frees the device memory of captured plans whose CUDA graphs are gone. */
+void cuda_graph_plans_free(void);
 
 #endif

@@ -141,6 +141,9 @@ static void *proxy_main(void *arg) {
   struct cuda_comm *cc = arg;
   struct ncclComm *comm = cc->comm;
   cudaSetDevice(comm->cuda_dev);
+  /* Its event queries and peeks would otherwise break a user's capture
+   * in the global mode on any thread (they are not captured, only made). */
+  cuda_capture_relax();
   log_set_rank(comm->rank);
   place_thread(comm->local_cpus, cc->ignore_affinity);
   struct waiter w;
@@ -349,6 +352,7 @@ void cuda_comm_fini(struct ncclComm *comm, int abort) {
     cudaFree(cc->arenas[i].dev);
     cudaEventDestroy(cc->arenas[i].done);
   }
+  cuda_graph_plans_free();
   for (struct retired *r = cc->retired, *next; r; r = next) {
     next = r->next;
     cudaFreeHost(r->host);

@@ -49,7 +49,9 @@ ncclResult_t cuda_arena_add(struct cuda_comm *cc, size_t size, struct arena **ou
   struct arena *a = &cc->arenas[cc->narenas];
   CUDA_TRY(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming), "cudaEventCreate");
   cc->narenas++;
-  CHECK(arena_grow(cc, a, size));
+  /* Size 0: a launch whose plan is in its parameters needs only the event. */
+  if (size > 0)
+    CHECK(arena_grow(cc, a, size));
   *out = a;
   return ncclSuccess;
 }
@@ -58,22 +60,27 @@ ncclResult_t cuda_arena_get(struct cuda_comm *cc, size_t size, struct arena **ou
   /* A free one, else the oldest in flight, waited for: no new memory
    * while kernels may run (CUDA_ARENAS were made at init), since an
    * allocation keeps later kernels from starting until earlier ones end,
-   * and a peer's earlier kernel may wait for this rank's next. */
-  struct arena *oldest = NULL;
-  for (int i = 0; i < cc->narenas; i++) {
+   * and a peer's earlier kernel may wait for this rank's next. A launch
+   * with its plan in its parameters takes any, and one with no memory
+   * (an event is no allocation) rather than wait: many small calls may
+   * be in flight. */
+  struct arena *oldest = NULL, *found = NULL;
+  for (int i = 0; i < cc->narenas && !found; i++) {
     struct arena *a = &cc->arenas[i];
-    if (a->reserved)
+    if (a->reserved || (size > 0 && a->cap == 0))
       continue;
     if (!a->used || cudaEventQuery(a->done) == cudaSuccess) {
       a->used = 0;
+      found = a;
+    } else if (!oldest || a->launch_no < oldest->launch_no) {
       oldest = a;
-      break;
     }
-    if (!oldest || a->launch_no < oldest->launch_no)
-      oldest = a;
   }
-  if (!oldest)
-    /* Every one is reserved by this group's earlier launches. */
+  if (found)
+    oldest = found;
+  else if (!oldest || (size == 0 && cc->narenas < MAX_ARENAS - MAX_BATCHES))
+    /* Every one is reserved by this group's earlier launches, or a small
+     * launch takes a new event. */
     return cuda_arena_add(cc, size, out);
   if (oldest->used) {
     CUDA_TRY(cudaEventSynchronize(oldest->done), "waiting for an earlier launch");
@@ -129,22 +136,22 @@ static struct dev_conn dev_conn_of(struct conn *c) {
   d.stride = c->fifo.stride;
   d.tail = c->dev.tail;
   d.head = c->dev.head;
-  d.step = c->step;
+  d.step = c->dev.step;
   d.peer = c->peer;
   return d;
 }
 
-/* The slots a work will use on each of its connections: the host keeps
- * the counters, since the next launch is built before this one runs. */
-static void advance_steps(const struct work *w) {
-  uint64_t sends[WORK_MAX_PEERS] = {0}, recvs[WORK_MAX_PEERS] = {0};
-  schedule_slots(&w->sched, w->piece, sends, recvs);
-  for (int i = 0; i < w->nsends; i++)
-    if (w->sends[i])
-      w->sends[i]->step += sends[i];
-  for (int i = 0; i < w->nrecvs; i++)
-    if (w->recvs[i])
-      w->recvs[i]->step += recvs[i];
+/* Where a launch's plan puts each part: offsets from its start, aligned
+ * for the 8-byte fields the kernel reads. */
+struct plan_layout {
+  size_t works, conns, tmpl, size;
+};
+
+static void plan_layout(size_t nlanes, size_t nworks, size_t nconns, size_t ntmpl, struct plan_layout *l) {
+  l->works = LOOM_ALIGN_UP(nlanes * sizeof(struct dev_lane), 16);
+  l->conns = LOOM_ALIGN_UP(l->works + nworks * sizeof(struct dev_work), 16);
+  l->tmpl = LOOM_ALIGN_UP(l->conns + nconns * sizeof(struct dev_conn), 16);
+  l->size = l->tmpl + ntmpl * sizeof(struct step_tmpl);
 }
 
 /* Which launch of the group a lane goes in. The lanes of one launch wait
@@ -174,43 +181,61 @@ static int batch_of(const struct ncclComm *comm, unsigned max_lanes, int colls, 
   return 1 + (k - first - 1) / later;
 }
 
-/* Packs the lanes of batch b into an arena, reserved until launched. */
+/* Packs the lanes of batch b: into the kernel's parameters where the plan
+ * fits there, else into an arena (reserved until launched) or, for a
+ * launch a CUDA graph captures, into host memory of its own that the
+ * launch copies to device memory the graph keeps (graph_plan). */
 static ncclResult_t pack(struct ncclComm *comm, struct lane *lanes, int nlanes, const int8_t *in, int b,
-                         struct batch *out) {
+                         int capturing, struct batch *out) {
   struct cuda_comm *cc = comm->cuda;
   /* A launch holds the works' step templates, never their expanded
    * steps: its size does not grow with the count. */
-  size_t used = 0, nworks = 0, ntmpl = 0;
+  size_t used = 0, nworks = 0, nconns = 0, ntmpl = 0;
   for (int l = 0; l < nlanes; l++) {
     if (!lanes[l].head || in[l] != b)
       continue;
     used++;
     for (struct work *w = lanes[l].head; w; w = w->next) {
       nworks++;
+      nconns += (size_t)(w->nsends + w->nrecvs);
       ntmpl += w->sched.ntmpl;
     }
   }
-  memset(out, 0, sizeof *out);
+  memset(out, 0, offsetof(struct batch, params));
   if (used == 0)
     return ncclSuccess;
-  size_t off_lanes = LOOM_ALIGN_UP(sizeof(struct dev_plan), 64);
-  size_t off_works = LOOM_ALIGN_UP(off_lanes + used * sizeof(struct dev_lane), 64);
-  size_t off_steps = LOOM_ALIGN_UP(off_works + nworks * sizeof(struct dev_work), 64);
-  size_t size = off_steps + ntmpl * sizeof(struct step_tmpl);
-  struct arena *a = NULL;
-  CHECK(cuda_arena_get(cc, size, &a));
-  a->reserved = 1;
-  char *h = a->host, *d = a->dev;
-  struct dev_plan *plan = (struct dev_plan *)h;
-  struct dev_lane *dl = (struct dev_lane *)(h + off_lanes);
-  struct dev_work *dw = (struct dev_work *)(h + off_works);
-  struct step_tmpl *ds = (struct step_tmpl *)(h + off_steps);
+  struct plan_layout lay;
+  plan_layout(used, nworks, nconns, ntmpl, &lay);
+  if (lay.size > UINT32_MAX)
+    return err_set(ncclInvalidUsage, "rank %d: a group of %zu works is more than one launch can describe", comm->rank,
+                   nworks);
+  char *h = out->params.inline_plan;
+  if (lay.size > DEV_INLINE_BYTES && capturing) {
+    CHECK(UTIL_CALLOC(&out->captured, lay.size, "a launch's plan for a CUDA graph"));
+    h = out->captured;
+  } else if (lay.size > DEV_INLINE_BYTES) {
+    CHECK(cuda_arena_get(cc, lay.size, &out->a));
+    h = out->a->host;
+  } else if (!capturing) {
+    /* Only for its event and the proxy's sentences: nothing is copied. */
+    CHECK(cuda_arena_get(cc, 0, &out->a));
+  }
+  if (out->a)
+    out->a->reserved = 1;
+  struct dev_plan *plan = &out->params.hdr;
+  memset(plan, 0, sizeof *plan);
   plan->nlanes = (uint32_t)used;
   plan->nworks = (uint32_t)nworks;
   plan->status = cc->status_dev;
-  plan->lanes = (const struct dev_lane *)(d + off_lanes);
-  plan->works = (const struct dev_work *)(d + off_works);
-  size_t li = 0, wi = 0, ti = 0;
+  plan->lanes_off = 0;
+  plan->works_off = (uint32_t)lay.works;
+  plan->conns_off = (uint32_t)lay.conns;
+  plan->size = (uint32_t)lay.size;
+  struct dev_lane *dl = (struct dev_lane *)h;
+  struct dev_work *dw = (struct dev_work *)(h + lay.works);
+  struct dev_conn *dc = (struct dev_conn *)(h + lay.conns);
+  struct step_tmpl *ds = (struct step_tmpl *)(h + lay.tmpl);
+  size_t li = 0, wi = 0, ti = 0, ci = 0;
   for (int l = 0; l < nlanes; l++) {
     if (!lanes[l].head || in[l] != b)
       continue;
@@ -223,8 +248,9 @@ static ncclResult_t pack(struct ncclComm *comm, struct lane *lanes, int nlanes, 
       x->src = w->src;
       x->dst = w->dst;
       x->sched = w->sched;
-      x->sched.tmpl = (struct step_tmpl *)(d + off_steps) + ti;
+      x->sched.tmpl = NULL;
       x->sched.cap = w->sched.ntmpl;
+      x->tmpl_off = (uint32_t)(lay.tmpl + ti * sizeof *ds);
       memcpy(ds + ti, w->sched.tmpl, sizeof *ds * (size_t)w->sched.ntmpl);
       ti += w->sched.ntmpl;
       x->esize = (uint32_t)w->esize;
@@ -241,30 +267,52 @@ static ncclResult_t pack(struct ncclComm *comm, struct lane *lanes, int nlanes, 
       x->check_seq = t->coll != COLL_RECV;
       x->nsends = w->nsends;
       x->nrecvs = w->nrecvs;
-      for (int i = 0; i < w->nsends; i++) {
-        x->sends[i] = dev_conn_of(w->sends[i]);
-        watch(cc, w->sends[i]);
+      x->conn0 = (uint32_t)ci;
+      for (int i = 0; i < w->nsends + w->nrecvs; i++) {
+        struct conn *c = i < w->nsends ? w->sends[i] : w->recvs[i - w->nsends];
+        /* The kernels keep a connection's count as they go (dev_conn.step):
+         * two blocks of one launch on one connection would both start
+         * from the same count. The lanes are built so that it cannot be. */
+        if (c && c->packed_in == cc->npacked + 1 && c->packed_lane != (int)li)
+          return err_set(ncclInternalError, "rank %d: two lanes of one launch use the connection to rank %d",
+                         comm->rank, c->peer);
+        if (c) {
+          c->packed_in = cc->npacked + 1;
+          c->packed_lane = (int)li;
+        }
+        dc[ci++] = dev_conn_of(c);
+        watch(cc, c);
       }
-      for (int i = 0; i < w->nrecvs; i++) {
-        x->recvs[i] = dev_conn_of(w->recvs[i]);
-        watch(cc, w->recvs[i]);
-      }
-      advance_steps(w);
       dl[li].count++;
     }
     li++;
   }
-  out->a = a;
-  out->size = size;
+  cc->npacked++;
+  out->size = lay.size;
   out->lanes = (uint32_t)used;
   out->works = nworks;
   out->tmpl = ntmpl;
   return ncclSuccess;
 }
 
+/* Lets go of what a packed launch holds that will not be launched. */
+static void unpack(struct batch *b) {
+  if (b->a)
+    b->a->reserved = 0;
+  free(b->captured);
+  b->a = NULL;
+  b->captured = NULL;
+}
+
 ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   struct cuda_comm *cc = comm->cuda;
   cc->nready = 0;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs), "cudaStreamIsCapturing");
+  if (cs == cudaStreamCaptureStatusInvalidated)
+    return err_set(ncclInvalidUsage, "rank %d: stream %p's capture into a CUDA graph was invalidated (by an earlier "
+                   "call that a capture does not allow): nothing was enqueued", comm->rank, stream);
+  cc->capturing = cs == cudaStreamCaptureStatusActive;
   int8_t few[256], *in = few;
   if (nlanes > (int)sizeof few)
     CHECK(UTIL_CALLOC(&in, (size_t)nlanes, "the launches of a group"));
@@ -293,15 +341,18 @@ ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes,
     r = cuda_set_device(comm->cuda_dev);
   /* Every launch's memory before the first starts (cuda_exec.h says why). */
   for (int b = 0; b < nbatches && r == ncclSuccess; b++) {
-    r = pack(comm, lanes, nlanes, in, b, &cc->ready[cc->nready]);
-    if (r == ncclSuccess && cc->ready[cc->nready].a)
+    struct batch *bt = &cc->ready[cc->nready];
+    r = pack(comm, lanes, nlanes, in, b, cc->capturing, bt);
+    if (r != ncclSuccess)
+      unpack(bt);
+    else if (bt->lanes)
       cc->nready++;
   }
   if (in != few)
     free(in);
   if (r != ncclSuccess) {
     for (int i = 0; i < cc->nready; i++)
-      cc->ready[i].a->reserved = 0;
+      unpack(&cc->ready[i]);
     cc->nready = 0;
     return r;
   }
@@ -316,19 +367,122 @@ ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes,
   return ncclSuccess;
 }
 
+/* The device memory a captured launch's plan lives in, as long as the
+ * graph does: a graph keeps its kernels' parameters, not what they point
+ * to. CUDA forbids its calls in a user object's destructor, so the memory
+ * is handed to a list that the next communicator torn down frees. */
+struct graph_plan {
+  void *dev;
+  struct graph_plan *next;
+};
+static pthread_mutex_t graph_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct graph_plan *graph_plans_done;
+
+static void graph_plan_release(void *p) {
+  struct graph_plan *g = p;
+  pthread_mutex_lock(&graph_plans_lock);
+  g->next = graph_plans_done;
+  graph_plans_done = g;
+  pthread_mutex_unlock(&graph_plans_lock);
+}
+
+void cuda_graph_plans_free(void) {
+  pthread_mutex_lock(&graph_plans_lock);
+  struct graph_plan *g = graph_plans_done;
+  graph_plans_done = NULL;
+  pthread_mutex_unlock(&graph_plans_lock);
+  for (struct graph_plan *next; g; g = next) {
+    next = g->next;
+    cudaFree(g->dev);
+    free(g);
+  }
+}
+
+/* Copies a captured launch's plan into device memory the graph owns.
+ * Allocating and copying are not allowed on a capturing thread in the
+ * default capture mode: this thread is relaxed for them, and the copy
+ * runs on a stream of its own, outside the capture. */
+static ncclResult_t graph_plan(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
+  enum cudaStreamCaptureStatus cs;
+  cudaGraph_t graph = NULL;
+  CUDA_TRY(cudaStreamGetCaptureInfo(s, &cs, NULL, &graph, NULL, NULL, NULL), "cudaStreamGetCaptureInfo");
+  struct graph_plan *g;
+  CHECK(UTIL_CALLOC(&g, 1, "a CUDA graph's launch plan"));
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaStream_t copy = NULL;
+  cudaUserObject_t obj = NULL;
+  if (e == cudaSuccess) {
+    e = cudaMalloc(&g->dev, b->size);
+    if (e == cudaSuccess)
+      e = cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(g->dev, b->captured, b->size, cudaMemcpyHostToDevice, copy);
+    if (e == cudaSuccess)
+      e = cudaStreamSynchronize(copy);
+    if (copy)
+      cudaStreamDestroy(copy);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  if (e == cudaSuccess)
+    e = cudaUserObjectCreate(&obj, g, graph_plan_release, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    if (g->dev)
+      graph_plan_release(g);
+    else
+      free(g);
+    return cuda_fail(e, "keeping a captured launch's plan for its CUDA graph");
+  }
+  /* From here the graph owns it, and frees it when it goes. */
+  e = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
+  if (e != cudaSuccess) {
+    cudaUserObjectRelease(obj, 1);
+    return cuda_fail(e, "cudaGraphRetainUserObject");
+  }
+  b->params.hdr.plan = g->dev;
+  TRACE(LOG_COLL, "rank %d: a captured launch's plan (%zu bytes) kept at %p for its graph", comm->rank, b->size,
+        g->dev);
+  return ncclSuccess;
+}
+
+/* A launch inside a stream capture: the graph records the kernel and its
+ * parameters, nothing else. No event is recorded for the proxy: a replay
+ * runs outside every call, when the graph is launched, so the proxy's
+ * stall checks do not see it (the kernels still stop on an abort). */
+static ncclResult_t launch_captured(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
+  if (b->captured) {
+    ncclResult_t r = graph_plan(comm, b, s);
+    free(b->captured);
+    b->captured = NULL;
+    CHECK(r);
+  }
+  cudaError_t e = (cudaError_t)cuda_kernel_launch(&b->params, b->lanes, s);
+  if (e != cudaSuccess)
+    return cuda_fail(e, "capturing the collective kernel into a CUDA graph");
+  TRACE(LOG_COLL, "rank %d: captured %u lane(s), %zu work(s) on stream %p", comm->rank, b->lanes, b->works,
+        (void *)s);
+  return ncclSuccess;
+}
+
 static ncclResult_t launch_one(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
   struct cuda_comm *cc = comm->cuda;
+  if (cc->capturing)
+    return launch_captured(comm, b, s);
   struct arena *a = b->a;
   a->reserved = 0;
   cudaError_t e = cudaSuccess;
-  /* A communicator's kernels run one after the other, as the host counted
-   * their slots: a launch on another stream waits for the one before. */
+  /* A communicator's kernels run one after the other, each going on from
+   * the slot counts the last one left: a launch on another stream waits
+   * for the one before. */
   if (cc->launched && (void *)s != cc->last_stream)
     e = cudaStreamWaitEvent(s, cc->last, 0);
-  if (e == cudaSuccess)
+  /* A plan too big for the kernel's parameters goes to device memory first. */
+  if (e == cudaSuccess && b->size > DEV_INLINE_BYTES) {
     e = cudaMemcpyAsync(a->dev, a->host, b->size, cudaMemcpyHostToDevice, s);
+    b->params.hdr.plan = a->dev;
+  }
   if (e == cudaSuccess)
-    e = (cudaError_t)cuda_kernel_launch((const struct dev_plan *)a->dev, b->lanes, s);
+    e = (cudaError_t)cuda_kernel_launch(&b->params, b->lanes, s);
   pthread_mutex_lock(&cc->recent_lock);
   if (e == cudaSuccess)
     e = cudaEventRecord(a->done, s);
@@ -345,8 +499,9 @@ static ncclResult_t launch_one(struct ncclComm *comm, struct batch *b, cudaStrea
   a->used = 1;
   cc->launched = 1;
   cc->last_stream = (void *)s;
-  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %zu work(s), %zu step template(s) on stream %p", comm->rank,
-        b->lanes, b->works, b->tmpl, (void *)s);
+  TRACE(LOG_COLL, "rank %d: launched %u lane(s), %zu work(s), %zu step template(s) (%zu bytes, %s) on stream %p",
+        comm->rank, b->lanes, b->works, b->tmpl, b->size, b->size > DEV_INLINE_BYTES ? "copied" : "in the parameters",
+        (void *)s);
   return ncclSuccess;
 }
 
@@ -359,7 +514,7 @@ ncclResult_t cuda_launch(struct ncclComm *comm, void *stream) {
   for (; i < cc->nready && r == ncclSuccess; i++)
     r = launch_one(comm, &cc->ready[i], (cudaStream_t)stream);
   for (; i < cc->nready; i++)
-    cc->ready[i].a->reserved = 0;
+    unpack(&cc->ready[i]);
   cc->nready = 0;
   return r;
 }

@@ -27,17 +27,25 @@ struct dev_conn {
   uint64_t stride;    /* bytes per slot, header included */
   uint64_t *tail;     /* slots posted by the sender */
   uint64_t *head;     /* slots released by the receiver */
-  uint64_t step;      /* this side's slot counter when the work starts */
+  /* This side's slot count, which only this side's kernels write: read
+   * when a work starts and written back when it ends, so that a launch
+   * replayed from a CUDA graph goes on from where the last one stopped
+   * (the host cannot count replays). Where it is the side's own counter
+   * (tail of a send, head of a receive), nothing is written back. */
+  uint64_t *step;
   int32_t peer;
   int32_t pad;
 };
 
+/* A work as packed into a launch: its connections and step templates
+ * are found by offset from the plan's start, since the plan may travel
+ * in the kernel's parameters, whose address the host never learns. */
 struct dev_work {
   const char *src;
   char *dst;
-  struct schedule sched;   /* its templates in the launch's device memory; steps expand with sched_at */
+  struct schedule sched;   /* tmpl is set by the kernel, from tmpl_off */
   uint32_t esize;
-  uint32_t pad0;
+  uint32_t tmpl_off;       /* its step templates, from the plan's start */
   uint64_t piece;          /* elements per slot */
   struct red_op red;
   const void *scalar_dev;  /* PreMulSum scalar read on the device, or NULL */
@@ -45,8 +53,7 @@ struct dev_work {
   struct slot_hdr expect;  /* what it must find in the slots it receives */
   int32_t check_seq;       /* collectives compare sequence numbers, p2p not */
   int32_t nsends, nrecvs;
-  int32_t pad;
-  struct dev_conn sends[WORK_MAX_PEERS], recvs[WORK_MAX_PEERS]; /* steps name them by si / ri */
+  uint32_t conn0;          /* its sends, then its receives: the plan's conns[conn0...] (steps name them by si / ri) */
 };
 
 struct dev_lane {
@@ -61,24 +68,40 @@ struct dev_status {
   volatile int32_t claim;  /* taken by the block that writes them */
   volatile int32_t lane, work, step;
   volatile int32_t peer;   /* the rank whose slot did not match */
-  volatile uint64_t progress; /* bumped for every slot: the proxy's sign of life */
+  /* The proxy's sign of life: written by the kernels, never read by them
+   * (a read of host memory would stall a block for a PCIe round trip). A
+   * block writes its lane and its count of slots, so any write changes it. */
+  volatile uint64_t progress;
   struct slot_hdr got, want;
 };
 
 enum { DEV_ERR_NONE = 0, DEV_ERR_MISMATCH = 1, DEV_ERR_ABORTED = 2 };
 
+/* What a launch hands its kernel, by value: the header, and the plan
+ * itself (lanes, works, connections, step templates, at the offsets the
+ * header gives) in `inline_plan` when it fits, so that a small call is a
+ * single launch with nothing copied before it and a CUDA graph captures
+ * the plan with the launch; else in device memory at `plan`. The total
+ * stays within the 4 KiB of parameters every CUDA version takes. */
+#define DEV_PARAM_BYTES 4096
 struct dev_plan {
   uint32_t nlanes, nworks;
   struct dev_status *status; /* device pointer */
-  const struct dev_lane *lanes;
-  const struct dev_work *works;
+  const char *plan;          /* NULL: the plan is inline_plan */
+  uint32_t lanes_off, works_off, conns_off;
+  uint32_t size;
+};
+#define DEV_INLINE_BYTES (DEV_PARAM_BYTES - 64)
+struct dev_params {
+  struct dev_plan hdr;
+  char inline_plan[DEV_INLINE_BYTES] __attribute__((aligned(64)));
 };
 
 #define DEV_THREADS 512
 
-/* Launches the plan (already in device memory at `plan`) with `nlanes`
- * blocks on `stream`; the CUDA error code, 0 on success. */
-int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream);
+/* Launches the plan with `nlanes` blocks on `stream`; the parameters are
+ * copied at the call. The CUDA error code, 0 on success. */
+int cuda_kernel_launch(const struct dev_params *params, uint32_t nlanes, void *stream);
 
 /* How many lanes (blocks) of the kernel can be resident on the current
  * device at once: a launch's lanes wait on each other, so it must not

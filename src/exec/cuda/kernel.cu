@@ -2,7 +2,10 @@
  * The CUDA executor's kernel: one thread block per lane walks its works'
  * schedule steps in order, one FIFO slot at a time, exactly as the host
  * executor does. Thread 0 waits for the slots and publishes them; every
- * thread moves data, 16 bytes at a time where all pointers allow it.
+ * thread moves data, 16 bytes at a time where all pointers allow it, with
+ * UNROLL such loads in flight per source before any store, since one
+ * 16-byte load per thread leaves a block latency-bound far below the
+ * links (docs/gpu-performance.md).
  *
  * Arithmetic matches the host kernels (reduce.c): integers wrap, fp16 /
  * bf16 / fp8 are combined in fp32 and rounded once (fp8 saturating), and
@@ -141,6 +144,9 @@ template <typename T, int KIND> struct Combine {
 
 /* ---- block-wide loops --------------------------------------------------- */
 
+/* 16-byte packs in flight per thread and source. */
+#define UNROLL 4
+
 template <typename T> union Vec {
   uint4 raw;
   T e[16 / sizeof(T)];
@@ -148,30 +154,77 @@ template <typename T> union Vec {
 
 __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* Every pointer the kernel moves data through is global memory (device,
+ * or mapped host memory): said so, the loads and stores skip the generic
+ * address check. They are volatile to the compiler, so that the loads of
+ * a pack group are issued together and none moves across a barrier. */
+#ifdef LOOM_CUDA_EMU
+__device__ __forceinline__ uint4 ld_pack(const uint4 *p) { return *p; }
+__device__ __forceinline__ void st_pack(uint4 *p, uint4 v) { *p = v; }
+#else
+__device__ __forceinline__ uint4 ld_pack(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(__cvta_generic_to_global(p))
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_pack(uint4 *p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+#endif
+
+/* Packs v, v + nthr, ... of one thread's group of U: loaded (a's and b's),
+ * then combined and stored. In place (dst the same as a or b) is fine:
+ * an element is read before it is written, by the same thread. */
+template <int U, typename T, typename F>
+__device__ __forceinline__ void apply_group(uint4 *dst, uint4 *dst2, const uint4 *a, const uint4 *b, uint64_t v,
+                                            uint64_t nthr, const F &f) {
+  const int V = 16 / sizeof(T);
+  Vec<T> x[U], y[U];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    y[u].raw = ld_pack(b + v + u * nthr);
+  if (a) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      x[u].raw = ld_pack(a + v + u * nthr);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        y[u].e[k] = f(x[u].e[k], y[u].e[k]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        y[u].e[k] = f.alone(y[u].e[k]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    st_pack(dst + v + u * nthr, y[u].raw);
+    if (dst2)
+      st_pack(dst2 + v + u * nthr, y[u].raw);
+  }
+}
+
 /* dst (and dst2) = f(a[i], b[i]); f.alone(b[i]) when a is NULL. */
 template <typename T, typename F>
 __device__ void apply(T *dst, T *dst2, const T *a, const T *b, uint64_t n, const F &f, uint64_t tid, uint64_t nthr) {
   const int V = 16 / sizeof(T);
   uint64_t i0 = 0;
   if (aligned16(dst) && (!dst2 || aligned16(dst2)) && (!a || aligned16(a)) && aligned16(b)) {
-    uint64_t nv = n / V;
-    for (uint64_t v = tid; v < nv; v += nthr) {
-      Vec<T> x, y, r;
-      y.raw = reinterpret_cast<const uint4 *>(b)[v];
-      if (a) {
-        x.raw = reinterpret_cast<const uint4 *>(a)[v];
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          r.e[k] = f(x.e[k], y.e[k]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          r.e[k] = f.alone(y.e[k]);
-      }
-      reinterpret_cast<uint4 *>(dst)[v] = r.raw;
-      if (dst2)
-        reinterpret_cast<uint4 *>(dst2)[v] = r.raw;
-    }
+    uint64_t nv = n / V, v = tid;
+    uint4 *d = (uint4 *)dst, *d2 = (uint4 *)dst2;
+    const uint4 *pa = (const uint4 *)a, *pb = (const uint4 *)b;
+    for (; v + (UNROLL - 1) * nthr < nv; v += UNROLL * nthr)
+      apply_group<UNROLL, T>(d, d2, pa, pb, v, nthr, f);
+    for (; v < nv; v += nthr)
+      apply_group<1, T>(d, d2, pa, pb, v, nthr, f);
     i0 = nv * V;
   }
   for (uint64_t i = i0 + tid; i < n; i += nthr) {
@@ -182,17 +235,31 @@ __device__ void apply(T *dst, T *dst2, const T *a, const T *b, uint64_t n, const
   }
 }
 
+template <int U>
+__device__ __forceinline__ void copy_group(uint4 *dst, uint4 *dst2, const uint4 *src, uint64_t v, uint64_t nthr) {
+  uint4 x[U];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    x[u] = ld_pack(src + v + u * nthr);
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    st_pack(dst + v + u * nthr, x[u]);
+    if (dst2)
+      st_pack(dst2 + v + u * nthr, x[u]);
+  }
+}
+
 /* Bytes to one or two places, 16 at a time where aligned. */
 __device__ void copy_bytes(char *dst, char *dst2, const char *src, uint64_t n, uint64_t tid, uint64_t nthr) {
   uint64_t i0 = 0;
   if (aligned16(dst) && (!dst2 || aligned16(dst2)) && aligned16(src)) {
-    uint64_t nv = n / 16;
-    for (uint64_t v = tid; v < nv; v += nthr) {
-      uint4 x = reinterpret_cast<const uint4 *>(src)[v];
-      reinterpret_cast<uint4 *>(dst)[v] = x;
-      if (dst2)
-        reinterpret_cast<uint4 *>(dst2)[v] = x;
-    }
+    uint64_t nv = n / 16, v = tid;
+    uint4 *d = (uint4 *)dst, *d2 = (uint4 *)dst2;
+    const uint4 *s = (const uint4 *)src;
+    for (; v + (UNROLL - 1) * nthr < nv; v += UNROLL * nthr)
+      copy_group<UNROLL>(d, d2, s, v, nthr);
+    for (; v < nv; v += nthr)
+      copy_group<1>(d, d2, s, v, nthr);
     i0 = nv * 16;
   }
   for (uint64_t i = i0 + tid; i < n; i += nthr) {
@@ -244,7 +311,6 @@ __device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) { emu_sto
 template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return emu_volatile_load(p); }
 template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { emu_volatile_store(p, v); }
 template <typename T> __device__ __forceinline__ void status_publish(volatile T *p, T v) { emu_volatile_publish(p, v); }
-__device__ __forceinline__ void status_bump(volatile uint64_t *p) { emu_volatile_add(p, (uint64_t)1); }
 #else
 template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return *p; }
 template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { *p = v; }
@@ -253,8 +319,6 @@ template <typename T> __device__ __forceinline__ void status_publish(volatile T 
   __threadfence_system();
   *p = v;
 }
-/* Several blocks bump it: a lost count is harmless (a sign of life). */
-__device__ __forceinline__ void status_bump(volatile uint64_t *p) { *p = *p + 1; }
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -329,47 +393,73 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
 
 /* ---- the kernel ---------------------------------------------------------- */
 
-__global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan *plan) {
+/* How often a block tells the proxy it is alive, in slots moved. */
+#define PROGRESS_EVERY 4
+
+#ifdef LOOM_CUDA_EMU
+#define KERNEL_PARAMS const struct dev_params &params
+#else
+/* By value in the parameter space, and addressable there (sm_70 on). */
+#define KERNEL_PARAMS const __grid_constant__ struct dev_params params
+#endif
+
+__device__ void read_scalar(struct red_op &red, const void *p) {
+  /* A PreMulSum scalar in device memory is read when the work runs. */
+  switch (red.dtype) {
+  case ncclInt8: red.scalar.i = *(const int8_t *)p; break;
+  case ncclUint8: red.scalar.u = *(const uint8_t *)p; break;
+  case ncclInt32: red.scalar.i = *(const int32_t *)p; break;
+  case ncclUint32: red.scalar.u = *(const uint32_t *)p; break;
+  case ncclInt64: red.scalar.i = *(const int64_t *)p; break;
+  case ncclUint64: red.scalar.u = *(const uint64_t *)p; break;
+  case ncclFloat16: red.scalar.f = Num<Half>::in(*(const Half *)p); break;
+  case ncclFloat32: red.scalar.f = *(const float *)p; break;
+  case ncclFloat64: red.scalar.f = *(const double *)p; break;
+  case ncclBfloat16: red.scalar.f = Num<Bf16>::in(*(const Bf16 *)p); break;
+  case ncclFloat8e4m3: red.scalar.f = Num<E4m3>::in(*(const E4m3 *)p); break;
+  case ncclFloat8e5m2: red.scalar.f = Num<E5m2>::in(*(const E5m2 *)p); break;
+  }
+}
+
+__global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   __shared__ struct dev_work w;
+  __shared__ struct dev_conn sends[WORK_MAX_PEERS], recvs[WORK_MAX_PEERS];
   __shared__ struct step st;
   __shared__ int stop;
   /* Slot counters of the work's connections, kept by thread 0, and the
    * current piece's slots, which it hands to every thread. */
   __shared__ uint64_t rstep[WORK_MAX_PEERS], sstep[WORK_MAX_PEERS];
+  __shared__ uint64_t pieces;
   __shared__ char *rslot, *sslot;
   /* Where the current slots' headers are: at the slots' start, or in the
    * connection's separate header array. */
   __shared__ char *rhdr, *shdr;
   const uint32_t tid = threadIdx.x, nthr = blockDim.x;
-  const struct dev_lane lane = plan->lanes[blockIdx.x];
-  struct dev_status *status = plan->status;
+  const struct dev_plan &plan = params.hdr;
+  const char *base = plan.plan ? plan.plan : params.inline_plan;
+  const struct dev_lane lane = ((const struct dev_lane *)(base + plan.lanes_off))[blockIdx.x];
+  const struct dev_work *works = (const struct dev_work *)(base + plan.works_off);
+  const struct dev_conn *conns = (const struct dev_conn *)(base + plan.conns_off);
+  struct dev_status *status = plan.status;
+  if (tid == 0)
+    pieces = 0;
   for (uint32_t wi = lane.first; wi < lane.first + lane.count; wi++) {
     if (tid == 0) {
-      w = plan->works[wi];
+      w = works[wi];
+      w.sched.tmpl = (struct step_tmpl *)(base + w.tmpl_off);
       stop = 0;
-      if (w.scalar_dev) {
-        /* A PreMulSum scalar in device memory is read when the work runs. */
-        switch (w.red.dtype) {
-        case ncclInt8: w.red.scalar.i = *(const int8_t *)w.scalar_dev; break;
-        case ncclUint8: w.red.scalar.u = *(const uint8_t *)w.scalar_dev; break;
-        case ncclInt32: w.red.scalar.i = *(const int32_t *)w.scalar_dev; break;
-        case ncclUint32: w.red.scalar.u = *(const uint32_t *)w.scalar_dev; break;
-        case ncclInt64: w.red.scalar.i = *(const int64_t *)w.scalar_dev; break;
-        case ncclUint64: w.red.scalar.u = *(const uint64_t *)w.scalar_dev; break;
-        case ncclFloat16: w.red.scalar.f = Num<Half>::in(*(const Half *)w.scalar_dev); break;
-        case ncclFloat32: w.red.scalar.f = *(const float *)w.scalar_dev; break;
-        case ncclFloat64: w.red.scalar.f = *(const double *)w.scalar_dev; break;
-        case ncclBfloat16: w.red.scalar.f = Num<Bf16>::in(*(const Bf16 *)w.scalar_dev); break;
-        case ncclFloat8e4m3: w.red.scalar.f = Num<E4m3>::in(*(const E4m3 *)w.scalar_dev); break;
-        case ncclFloat8e5m2: w.red.scalar.f = Num<E5m2>::in(*(const E5m2 *)w.scalar_dev); break;
-        }
+      if (w.scalar_dev)
+        read_scalar(w.red, w.scalar_dev);
+      /* Each connection goes on from the count its last work left, which
+       * only this side's kernels write: so a graph's replays go on too. */
+      for (int k = 0; k < w.nsends; k++) {
+        sends[k] = conns[w.conn0 + k];
+        sstep[k] = sends[k].step ? status_load(sends[k].step) : 0;
       }
-    }
-    if (tid == 0) {
-      for (int k = 0; k < w.nrecvs; k++)
-        rstep[k] = w.recvs[k].step;
-      for (int k = 0; k < w.nsends; k++)
-        sstep[k] = w.sends[k].step;
+      for (int k = 0; k < w.nrecvs; k++) {
+        recvs[k] = conns[w.conn0 + w.nsends + k];
+        rstep[k] = recvs[k].step ? status_load(recvs[k].step) : 0;
+      }
     }
     __syncthreads();
     for (uint64_t si = 0; si < w.sched.nsteps; si++) {
@@ -386,7 +476,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
       for (uint64_t off = 0; off < st.nelem; off += w.piece) {
         const uint64_t n = st.nelem - off < w.piece ? st.nelem - off : w.piece;
         const uint64_t bytes = n * w.esize;
-        const struct dev_conn *rc = recv ? &w.recvs[st.ri] : NULL, *sc = send ? &w.sends[st.si] : NULL;
+        const struct dev_conn *rc = recv ? &recvs[st.ri] : NULL, *sc = send ? &sends[st.si] : NULL;
         if (tid == 0) {
           uint64_t rs = recv ? rstep[st.ri] : 0, ss = send ? sstep[st.si] : 0;
           rslot = recv ? rc->base + (rs % NCCL_STEPS) * rc->stride : NULL;
@@ -438,26 +528,37 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(const struct dev_plan
             copy_bytes(dst, NULL, src, bytes, tid, nthr);
           break;
         }
-        /* Every thread's writes to the outgoing slot must be visible to the
-         * peer before the tail that announces them. */
-        if (send)
-          __threadfence_system();
+        /* One fence per piece: the barrier orders every thread's writes to
+         * the outgoing slot before thread 0's release of the tail, which
+         * (a system-scope release, cumulative) makes them visible to the
+         * peer that acquires it. No thread fences on its own. */
         __syncthreads();
         if (tid == 0) {
           if (send) {
             struct slot_hdr h = w.mine;
             h.bytes = (uint32_t)bytes;
             write_hdr(shdr, h);
-            __threadfence_system();
             store_release(sc->tail, ++sstep[st.si]);
           }
           if (recv)
             store_release(rc->head, ++rstep[st.ri]);
-          status_bump(&status->progress);
+          /* Written, never read: the proxy only looks for a change. */
+          if (++pieces % PROGRESS_EVERY == 0)
+            status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | pieces);
         }
       }
     }
     __syncthreads();
+    if (tid == 0) {
+      /* Where the count is not the connection's own counter, it is kept. */
+      for (int k = 0; k < w.nsends; k++)
+        if (sends[k].step && sends[k].step != sends[k].tail)
+          status_store(sends[k].step, sstep[k]);
+      for (int k = 0; k < w.nrecvs; k++)
+        if (recvs[k].step && recvs[k].step != recvs[k].head)
+          status_store(recvs[k].step, rstep[k]);
+      status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | pieces);
+    }
   }
 }
 
@@ -468,10 +569,10 @@ __global__ void __launch_bounds__(DEV_THREADS) bench_kernel(struct red_op op, vo
 }
 
 #ifdef LOOM_CUDA_EMU
-static void loom_kernel_emu(const void *plan) { loom_kernel((const struct dev_plan *)plan); }
+static void loom_kernel_emu(const void *params) { loom_kernel(*(const struct dev_params *)params); }
 
-extern "C" int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream) {
-  return emu_launch(stream, nlanes, loom_kernel_emu, plan);
+extern "C" int cuda_kernel_launch(const struct dev_params *params, uint32_t nlanes, void *stream) {
+  return emu_launch_params(stream, nlanes, loom_kernel_emu, params, sizeof *params);
 }
 
 extern "C" int cuda_kernel_max_lanes(unsigned *lanes) {
@@ -479,8 +580,8 @@ extern "C" int cuda_kernel_max_lanes(unsigned *lanes) {
   return 0;
 }
 #else
-extern "C" int cuda_kernel_launch(const struct dev_plan *plan, uint32_t nlanes, void *stream) {
-  loom_kernel<<<nlanes, DEV_THREADS, 0, (cudaStream_t)stream>>>(plan);
+extern "C" int cuda_kernel_launch(const struct dev_params *params, uint32_t nlanes, void *stream) {
+  loom_kernel<<<nlanes, DEV_THREADS, 0, (cudaStream_t)stream>>>(*params);
   return (int)cudaGetLastError();
 }
 

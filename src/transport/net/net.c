@@ -323,6 +323,7 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
     c->dev.hdrs = np->gdr ? d + NET_DATA_OFFSET : NULL;
     c->dev.tail = (uint64_t *)(d + offsetof(struct net_ctrl, tail));
     c->dev.head = (uint64_t *)(d + offsetof(struct net_ctrl, head));
+    c->dev.step = c->dir == CONN_SEND ? c->dev.tail : c->dev.head;
   }
   /* This side's wish; the peer's joins it at connect. */
   np->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS);
