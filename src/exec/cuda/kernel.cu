@@ -393,9 +393,6 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
 
 /* ---- the kernel ---------------------------------------------------------- */
 
-/* How often a block tells the proxy it is alive, in slots moved. */
-#define PROGRESS_EVERY 4
-
 #ifdef LOOM_CUDA_EMU
 #define KERNEL_PARAMS const struct dev_params &params
 #else
@@ -542,9 +539,10 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
           }
           if (recv)
             store_release(rc->head, ++rstep[st.ri]);
-          /* Written, never read: the proxy only looks for a change. */
-          if (++pieces % PROGRESS_EVERY == 0)
-            status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | pieces);
+          /* Written, never read (a posted write): the proxy only looks for
+           * a change. Every slot, since a kernel that moves none for 100 ms
+           * while a peer has exited is taken for one stuck on that peer. */
+          status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | ++pieces);
         }
       }
     }
