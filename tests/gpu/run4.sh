@@ -18,7 +18,7 @@
 #     the model's per-lane figure;
 #   - ar_<proto>: AllReduce of 2 ranks as threads of one process on the
 #     one GPU at 8 B, 1 MiB and 256 MiB, with the Simple protocol and with
-#     LL (NCCL_PROTO=LL; Simple where the build has no LL yet);
+#     LL (NCCL_PROTO=LL: refused, so the step fails, by a build without LL);
 #   - ncu: one kernel launch under Nsight Compute, where it is installed.
 set -uo pipefail
 # shellcheck source=tests/gpu/lib.sh
