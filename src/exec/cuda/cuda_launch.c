@@ -405,7 +405,12 @@ void cuda_graph_plans_free(void) {
 static ncclResult_t graph_plan(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
   enum cudaStreamCaptureStatus cs;
   cudaGraph_t graph = NULL;
+  /* CUDA 13 added the edges' data to its arguments. */
+#if CUDART_VERSION >= 13000
   CUDA_TRY(cudaStreamGetCaptureInfo(s, &cs, NULL, &graph, NULL, NULL, NULL), "cudaStreamGetCaptureInfo");
+#else
+  CUDA_TRY(cudaStreamGetCaptureInfo(s, &cs, NULL, &graph, NULL, NULL), "cudaStreamGetCaptureInfo");
+#endif
   struct graph_plan *g;
   CHECK(UTIL_CALLOC(&g, 1, "a CUDA graph's launch plan"));
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
