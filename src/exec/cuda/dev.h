@@ -70,7 +70,7 @@ struct dev_status {
   volatile int32_t peer;   /* the rank whose slot did not match */
   /* The proxy's sign of life: written by the kernels, never read by them
    * (a read of host memory would stall a block for a PCIe round trip). A
-   * block writes its lane and its count of slots, so any write changes it. */
+   * block writes the GPU's global timer, so any write changes it. */
   volatile uint64_t progress;
   struct slot_hdr got, want;
 };

@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "core.h"
 #include "common/coll.h"
@@ -400,6 +401,23 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
 #define KERNEL_PARAMS const __grid_constant__ struct dev_params params
 #endif
 
+/* What a block writes into the proxy's progress word: the time, which no
+ * later write repeats (a count of slots would start again with every
+ * launch, and a run of small calls would look like a kernel stuck). */
+#ifdef LOOM_CUDA_EMU
+__device__ __forceinline__ uint64_t progress_stamp() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+#else
+__device__ __forceinline__ uint64_t progress_stamp() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 __device__ void read_scalar(struct red_op &red, const void *p) {
   /* A PreMulSum scalar in device memory is read when the work runs. */
   switch (red.dtype) {
@@ -426,7 +444,6 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   /* Slot counters of the work's connections, kept by thread 0, and the
    * current piece's slots, which it hands to every thread. */
   __shared__ uint64_t rstep[WORK_MAX_PEERS], sstep[WORK_MAX_PEERS];
-  __shared__ uint64_t pieces;
   __shared__ char *rslot, *sslot;
   /* Where the current slots' headers are: at the slots' start, or in the
    * connection's separate header array. */
@@ -438,8 +455,6 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   const struct dev_work *works = (const struct dev_work *)(base + plan.works_off);
   const struct dev_conn *conns = (const struct dev_conn *)(base + plan.conns_off);
   struct dev_status *status = plan.status;
-  if (tid == 0)
-    pieces = 0;
   for (uint32_t wi = lane.first; wi < lane.first + lane.count; wi++) {
     if (tid == 0) {
       w = works[wi];
@@ -542,7 +557,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
           /* Written, never read (a posted write): the proxy only looks for
            * a change. Every slot, since a kernel that moves none for 100 ms
            * while a peer has exited is taken for one stuck on that peer. */
-          status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | ++pieces);
+          status_store(&status->progress, progress_stamp());
         }
       }
     }
@@ -555,7 +570,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
       for (int k = 0; k < w.nrecvs; k++)
         if (recvs[k].step && recvs[k].step != recvs[k].head)
           status_store(recvs[k].step, rstep[k]);
-      status_store(&status->progress, ((uint64_t)blockIdx.x << 40) | pieces);
+      status_store(&status->progress, progress_stamp());
     }
   }
 }
