@@ -262,7 +262,7 @@ ncclResult_t cuda_enable_peer(int peer_dev) {
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaDeviceEnablePeerAccess(%d)", peer_dev);
 }
 
-ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok) {
+ncclResult_t cuda_stream_capturing(void *stream, const char *func, int rank, int *capturing) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
   if (e != cudaSuccess)
@@ -271,7 +271,14 @@ ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int cap
     return err_set(ncclInvalidUsage,
                    "%s: rank %d: stream %p's capture into a CUDA graph was invalidated by an earlier call that a "
                    "capture does not allow; nothing was enqueued", func, rank, stream);
-  if (st != cudaStreamCaptureStatusNone && !capture_ok)
+  *capturing = st != cudaStreamCaptureStatusNone;
+  return ncclSuccess;
+}
+
+ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok) {
+  int capturing = 0;
+  CHECK(cuda_stream_capturing(stream, func, rank, &capturing));
+  if (capturing && !capture_ok)
     return err_set(ncclInvalidUsage,
                    "%s: rank %d: stream %p is being captured into a CUDA graph, which Loom supports for collectives and point-to-point calls only; "
                    "call it outside the capture (nothing was enqueued)",
@@ -488,5 +495,6 @@ ncclResult_t cuda_peek_read(struct cuda_peek *p, size_t at, const void *src, siz
 ncclResult_t cuda_peek_write(struct cuda_peek *p, void *dst, size_t at, size_t n) { return none("cudaMemcpy"); }
 ncclResult_t cuda_peek_issue(struct cuda_peek *p) { return none("cudaEventRecord"); }
 int cuda_peek_done(struct cuda_peek *p) { return -1; }
+ncclResult_t cuda_stream_capturing(void *stream, const char *func, int rank, int *capturing) { return none(func); }
 ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok) { return none(func); }
 #endif

@@ -78,6 +78,9 @@ ncclResult_t cuda_enable_peer(int peer_dev);
  * was invalidated, and one being captured unless capture_ok, with the
  * sentence. */
 ncclResult_t cuda_stream_check(void *stream, const char *func, int rank, int capture_ok);
+/* Whether a valid stream is being captured into a CUDA graph; a stream
+ * whose capture was invalidated is refused with the sentence. */
+ncclResult_t cuda_stream_capturing(void *stream, const char *func, int rank, int *capturing);
 /* Pins and maps existing host memory for the GPU; *dev is its device address. */
 ncclResult_t cuda_host_register(void *ptr, size_t size, void **dev, const char *what);
 void cuda_host_unregister(void *ptr);

@@ -307,12 +307,9 @@ static void unpack(struct batch *b) {
 ncclResult_t cuda_prepare(struct ncclComm *comm, struct lane *lanes, int nlanes, void *stream) {
   struct cuda_comm *cc = comm->cuda;
   cc->nready = 0;
-  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs), "cudaStreamIsCapturing");
-  if (cs == cudaStreamCaptureStatusInvalidated)
-    return err_set(ncclInvalidUsage, "rank %d: stream %p's capture into a CUDA graph was invalidated (by an earlier "
-                   "call that a capture does not allow): nothing was enqueued", comm->rank, stream);
-  cc->capturing = cs == cudaStreamCaptureStatusActive;
+  /* At the group's end: the stream's capture may have begun or broken
+   * since the calls were queued. */
+  CHECK(cuda_stream_capturing(stream, "the group's launch", comm->rank, &cc->capturing));
   int8_t few[256], *in = few;
   if (nlanes > (int)sizeof few)
     CHECK(UTIL_CALLOC(&in, (size_t)nlanes, "the launches of a group"));

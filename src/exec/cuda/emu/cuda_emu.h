@@ -78,6 +78,5 @@ static inline void emu_store_release(uint64_t *p, uint64_t v) { __atomic_store_n
 template <typename T> static inline T emu_volatile_load(const volatile T *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 template <typename T> static inline void emu_volatile_store(volatile T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 template <typename T> static inline void emu_volatile_publish(volatile T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-template <typename T> static inline void emu_volatile_add(volatile T *p, T v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 #endif
