@@ -47,6 +47,7 @@ UNIT_TEST(unit_reduce_all, 30)
 UNIT_TEST(unit_reduce_copy, 30)
 UNIT_TEST(unit_reduce_alias, 30)
 UNIT_TEST(unit_reduce_bitwise, 30)
+UNIT_TEST(unit_reduce_once, 60)
 /* ---- shared-memory segments changing hands (unit_shm_seg.c) ---- */
 UNIT_TEST(unit_shm_sender_gives_up, 90)
 UNIT_TEST(unit_shm_seg_sealed, 30)

@@ -12,6 +12,7 @@ UNIT_TEST(unit_reduce_convert, 30)
 UNIT_TEST(unit_reduce_all, 30)
 UNIT_TEST(unit_reduce_copy, 30)
 UNIT_TEST(unit_reduce_alias, 30)
+UNIT_TEST(unit_reduce_once, 60)
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <math.h>
@@ -58,9 +59,9 @@ static double ref_value(const struct fmt *f, uint32_t c) {
 }
 
 /* Round to nearest, ties to the even code, with the format's overflow. */
-static uint32_t ref_encode(const struct fmt *f, float x) {
+static uint32_t ref_encode(const struct fmt *f, double x) {
   uint32_t sign = signbit(x) ? f->signbit : 0;
-  double a = fabs((double)x), maxv = ref_value(f, f->maxcode);
+  double a = fabs(x), maxv = ref_value(f, f->maxcode);
   if (a >= maxv) {
     if (f->sat)
       return sign | f->maxcode;
@@ -727,5 +728,72 @@ TEST_IMPL(unit_reduce_bitwise) {
     red_reduce(&op, d, NULL, a, b, 64 / dtype_size(t), 1);
     ASSERT(memcmp(d, d0, sizeof d) == 0);
   }
+  return 0;
+}
+
+/* The kernel adds and multiplies fp16 and bf16 two at a time in their own
+ * type (__hadd2_rn, __hmul2_rn: the exact result rounded once), where the
+ * host and the rest of the kernel compute in fp32 and round that. The two
+ * must agree on every input that is not NaN. They do because fp32 holds
+ * enough bits (24 >= 2p + 2) that rounding first to fp32 never moves where
+ * the value then rounds; a product is exact in fp32 unless it is far below
+ * bf16's smallest subnormal, too far from the one midpoint there (2^-134)
+ * to be rounded onto it. This checks every code against a spread of second
+ * operands (every pair: 65536 in place of 251 as the stride; the bf16
+ * product, the least obvious, was run so once: no mismatch). */
+static uint32_t ref_once(const struct fmt *f, double exact) {
+  uint32_t sign = signbit(exact) ? f->signbit : 0;
+  if (isinf(exact))
+    return sign | f->infcode;
+  /* To the format's grid at this magnitude, ties to even (nearbyint in
+   * the default rounding mode): quicker than ref_encode's search, and a
+   * double holds these sums and products exactly, or (a bf16 sum of far
+   * apart magnitudes) rounds them innocuously, 53 >= 2 x 8 + 2. */
+  int e = ilogb(exact), emin = 1 - f->bias;
+  int q = (e > emin ? e : emin) - f->m;
+  double v = ldexp(nearbyint(ldexp(exact, -q)), q);
+  if (fabs(v) > ref_value(f, f->maxcode))
+    return sign | f->infcode;
+  return sign | (uint32_t)f->enc16((float)fabs(v));
+}
+
+/* red_reduce (fp32, rounded) against ref_once over all codes a and the
+ * codes b = 7 + k * stride. */
+static void check_once(const struct fmt *f, int dtype, int kind, uint32_t stride) {
+  const size_t n = 65536;
+  uint16_t *a = xmalloc(n * 2), *b = xmalloc(n * 2), *d = xmalloc(n * 2);
+  for (size_t i = 0; i < n; i++)
+    a[i] = (uint16_t)i;
+  struct red_op op;
+  make_op(&op, dtype, kind, 0);
+  for (uint32_t bc = 7; bc < 65536; bc += stride) {
+    for (size_t i = 0; i < n; i++)
+      b[i] = (uint16_t)bc;
+    red_reduce(&op, d, NULL, a, b, n, 1);
+    double y = f->dec(bc);
+    for (size_t i = 0; i < n; i++) {
+      double x = f->dec(a[i]);
+      if (isnan(x) || isnan(y))
+        continue;
+      double exact = kind == RED_SUM ? x + y : x * y;
+      if (isnan(exact)) {
+        ASSERT(isnan(f->dec(d[i])));
+        continue;
+      }
+      uint32_t want = ref_once(f, exact);
+      ASSERT_MSG(d[i] == want, "%s %s: 0x%04zx, 0x%04x gave 0x%04x, rounded once 0x%04x", f->name,
+                 kind == RED_SUM ? "sum" : "product", i, bc, d[i], want);
+    }
+  }
+  free(a);
+  free(b);
+  free(d);
+}
+
+TEST_IMPL(unit_reduce_once) {
+  check_once(&F_HALF, ncclFloat16, RED_SUM, 251);
+  check_once(&F_HALF, ncclFloat16, RED_PROD, 251);
+  check_once(&F_BF16, ncclBfloat16, RED_SUM, 251);
+  check_once(&F_BF16, ncclBfloat16, RED_PROD, 251);
   return 0;
 }

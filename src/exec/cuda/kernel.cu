@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "core.h"
@@ -143,6 +144,57 @@ template <typename T, int KIND> struct Combine {
   }
 };
 
+/* fp16 and bf16 sums and products, two lanes per instruction in the type
+ * itself (the exact result rounded once). The fp32 path gives the same
+ * bits for every input but NaN: fp32 holds 24 >= 2p + 2 bits, so rounding
+ * there first never moves the final rounding, and a product of two such
+ * values is exact in fp32 or too small to be near a midpoint
+ * (unit_reduce_once checks codes against the exact result rounded once).
+ * Only without PreMulSum or a final division, which go through fp32. */
+template <typename T, int KIND> struct Paired {
+  static const bool ok = false;
+};
+template <typename H> __device__ __forceinline__ H h2_of(uint32_t u) {
+  H h;
+  memcpy((void *)&h, &u, sizeof h);
+  return h;
+}
+template <typename H> __device__ __forceinline__ uint32_t bits_of_h2(H h) {
+  uint32_t u;
+  memcpy(&u, &h, sizeof u);
+  return u;
+}
+template <> struct Paired<Half, RED_SUM> {
+  static const bool ok = true;
+  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
+    return bits_of_h2(__hadd2_rn(h2_of<__half2>(a), h2_of<__half2>(b)));
+  }
+};
+template <> struct Paired<Half, RED_PROD> {
+  static const bool ok = true;
+  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
+    return bits_of_h2(__hmul2_rn(h2_of<__half2>(a), h2_of<__half2>(b)));
+  }
+};
+template <> struct Paired<Bf16, RED_SUM> {
+  static const bool ok = true;
+  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
+    return bits_of_h2(__hadd2_rn(h2_of<__nv_bfloat162>(a), h2_of<__nv_bfloat162>(b)));
+  }
+};
+template <> struct Paired<Bf16, RED_PROD> {
+  static const bool ok = true;
+  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
+    return bits_of_h2(__hmul2_rn(h2_of<__nv_bfloat162>(a), h2_of<__nv_bfloat162>(b)));
+  }
+};
+
+/* Combine without premul or division, a pair of elements at a time in
+ * 16-byte packs; one element at a time (the tail) as Combine does. */
+template <typename T, int KIND> struct PairCombine : Combine<T, KIND> {
+  __device__ PairCombine(const struct red_op &op, int final) : Combine<T, KIND>(op, final) {}
+};
+
 /* ---- block-wide loops --------------------------------------------------- */
 
 /* 16-byte packs in flight per thread and source. */
@@ -150,8 +202,22 @@ template <typename T, int KIND> struct Combine {
 
 template <typename T> union Vec {
   uint4 raw;
+  uint32_t w[4];
   T e[16 / sizeof(T)];
 };
+
+/* y = f(x, y) over one pack: element by element, or a pair at a time. */
+template <typename T, typename F> __device__ __forceinline__ void combine_pack(const F &f, const Vec<T> &x, Vec<T> &y) {
+#pragma unroll
+  for (int k = 0; k < (int)(16 / sizeof(T)); k++)
+    y.e[k] = f(x.e[k], y.e[k]);
+}
+template <typename T, int KIND>
+__device__ __forceinline__ void combine_pack(const PairCombine<T, KIND> &, const Vec<T> &x, Vec<T> &y) {
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    y.w[k] = Paired<T, KIND>::op(x.w[k], y.w[k]);
+}
 
 __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
@@ -195,9 +261,7 @@ __device__ __forceinline__ void apply_group(uint4 *dst, uint4 *dst2, const uint4
       x[u].raw = ld_pack(a + v + u * nthr);
 #pragma unroll
     for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        y[u].e[k] = f(x[u].e[k], y[u].e[k]);
+      combine_pack(f, x[u], y[u]);
   } else {
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -271,16 +335,29 @@ __device__ void copy_bytes(char *dst, char *dst2, const char *src, uint64_t n, u
   }
 }
 
+template <typename T, int KIND>
+__device__ void reduce_kind(const struct red_op &op, void *dst, void *dst2, const void *a, const void *b, uint64_t n,
+                            int final, uint64_t tid, uint64_t nthr) {
+  T *d = (T *)dst, *d2 = (T *)dst2;
+  const T *x = (const T *)a, *y = (const T *)b;
+  Combine<T, KIND> f(op, final);
+  if constexpr (Paired<T, KIND>::ok) {
+    if (!f.premul && !f.div) {
+      apply(d, d2, x, y, n, PairCombine<T, KIND>(op, final), tid, nthr);
+      return;
+    }
+  }
+  apply(d, d2, x, y, n, f, tid, nthr);
+}
+
 template <typename T>
 __device__ void reduce_typed(const struct red_op &op, void *dst, void *dst2, const void *a, const void *b, uint64_t n,
                              int final, uint64_t tid, uint64_t nthr) {
-  T *d = (T *)dst, *d2 = (T *)dst2;
-  const T *x = (const T *)a, *y = (const T *)b;
   switch (op.kind) {
-  case RED_SUM: apply(d, d2, x, y, n, Combine<T, RED_SUM>(op, final), tid, nthr); break;
-  case RED_PROD: apply(d, d2, x, y, n, Combine<T, RED_PROD>(op, final), tid, nthr); break;
-  case RED_MAX: apply(d, d2, x, y, n, Combine<T, RED_MAX>(op, final), tid, nthr); break;
-  default: apply(d, d2, x, y, n, Combine<T, RED_MIN>(op, final), tid, nthr); break;
+  case RED_SUM: reduce_kind<T, RED_SUM>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case RED_PROD: reduce_kind<T, RED_PROD>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  case RED_MAX: reduce_kind<T, RED_MAX>(op, dst, dst2, a, b, n, final, tid, nthr); break;
+  default: reduce_kind<T, RED_MIN>(op, dst, dst2, a, b, n, final, tid, nthr); break;
   }
 }
 
