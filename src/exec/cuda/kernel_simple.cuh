@@ -363,7 +363,8 @@ __device__ void simple_warp(struct simple_shared &S, uint32_t sw, const char *ba
       return;
     if (tid == 0) {
       /* Piece k+1's counters polled, never waited for, until the data
-       * warps are done with k: they may only move once k is published. */
+       * warps are done with k: k+1's slots may come only once this
+       * rank's k is published, which needs the data warps' k first. */
       next = walk_next(S.W, base, works, conns, status, S.pc[nx], S.h[nx], &S.h[cur]);
       const uint32_t goal = (k + 1) * ndw;
       while (next && !hand_ready(S.h[nx]) && hint_load(&S.done) != goal)
