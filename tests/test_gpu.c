@@ -62,6 +62,22 @@ TEST_IMPL(gpu_coll_shm_2) {
   return run_ranks(2, matrix_rank, NULL);
 }
 
+/* Many pieces a step: slots of 8 KiB (NCCL_BUFFSIZE 64 KiB), so that the
+ * kernel's sync warp prepares piece k+1 while the data warps move piece k
+ * (src/exec/cuda/kernel_simple.cuh), across steps and works. Over the
+ * tree a rank's piece k+1 from its parent needs its own piece k first:
+ * a sync warp that waited for k+1 before publishing k would hang. */
+static int pieces_test(int n, const char *algo, int allreduce_only) {
+  NEED_GPU();
+  setenv("NCCL_BUFFSIZE", "65536", 1);
+  setenv("NCCL_ALGO", algo, 1);
+  if (allreduce_only)
+    setenv("LOOM_TEST_ALLREDUCE_ONLY", "1", 1);
+  return run_ranks(n, matrix_rank, NULL);
+}
+TEST_IMPL(gpu_pieces_tree_4) { return pieces_test(4, "allreduce:tree", 1); }
+TEST_IMPL(gpu_pieces_ring_3) { return pieces_test(3, "ring", 0); }
+
 /* The collective runs in stream order: an upload before it, a download and
  * a second collective after it, one synchronisation at the end. */
 static int order_rank(int rank, int n, ncclUniqueId id, void *arg) {
@@ -326,6 +342,8 @@ NO_CUDA(gpu_coll_1)
 NO_CUDA(gpu_coll_2)
 NO_CUDA(gpu_coll_4)
 NO_CUDA(gpu_coll_shm_2)
+NO_CUDA(gpu_pieces_tree_4)
+NO_CUDA(gpu_pieces_ring_3)
 NO_CUDA(gpu_stream_order)
 NO_CUDA(gpu_host_pointer)
 NO_CUDA(gpu_init_all_shared)

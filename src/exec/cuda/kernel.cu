@@ -1,8 +1,10 @@
 /*
  * The CUDA executor's kernel: one thread block per lane walks its works'
  * schedule steps in order, one FIFO slot at a time, exactly as the host
- * executor does. Thread 0 waits for the slots and publishes them; every
- * thread moves data, 16 bytes at a time where all pointers allow it, with
+ * executor does. Thread 0 waits for the slots and publishes them, in a
+ * warp of its own that overlaps the next piece's handshake with the
+ * current piece's data (kernel_simple.cuh); the other warps move data,
+ * 16 bytes at a time where all pointers allow it, with
  * UNROLL such loads in flight per source before any store, since one
  * 16-byte load per thread leaves a block latency-bound far below the
  * links (docs/gpu-performance.md).
@@ -513,143 +515,27 @@ __device__ void read_scalar(struct red_op &red, const void *p) {
   }
 }
 
+#include "exec/cuda/kernel_simple.cuh"
+
 __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
-  __shared__ struct dev_work w;
-  __shared__ struct dev_conn sends[WORK_MAX_PEERS], recvs[WORK_MAX_PEERS];
-  __shared__ struct step st;
-  __shared__ int stop;
-  /* Slot counters of the work's connections, kept by thread 0, and the
-   * current piece's slots, which it hands to every thread. */
-  __shared__ uint64_t rstep[WORK_MAX_PEERS], sstep[WORK_MAX_PEERS];
-  __shared__ char *rslot, *sslot;
-  /* Where the current slots' headers are: at the slots' start, or in the
-   * connection's separate header array. */
-  __shared__ char *rhdr, *shdr;
-  const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+  __shared__ struct simple_shared S;
+  const uint32_t nthr = blockDim.x;
   const struct dev_plan &plan = params.hdr;
   const char *base = plan.plan ? plan.plan : params.inline_plan;
   const struct dev_lane lane = ((const struct dev_lane *)(base + plan.lanes_off))[blockIdx.x];
   const struct dev_work *works = (const struct dev_work *)(base + plan.works_off);
   const struct dev_conn *conns = (const struct dev_conn *)(base + plan.conns_off);
-  struct dev_status *status = plan.status;
-  for (uint32_t wi = lane.first; wi < lane.first + lane.count; wi++) {
-    if (tid == 0) {
-      w = works[wi];
-      w.sched.tmpl = (struct step_tmpl *)(base + w.tmpl_off);
-      stop = 0;
-      if (w.scalar_dev)
-        read_scalar(w.red, w.scalar_dev);
-      /* Each connection goes on from the count its last work left, which
-       * only this side's kernels write: so a graph's replays go on too. */
-      for (int k = 0; k < w.nsends; k++) {
-        sends[k] = conns[w.conn0 + k];
-        sstep[k] = sends[k].step ? status_load(sends[k].step) : 0;
-      }
-      for (int k = 0; k < w.nrecvs; k++) {
-        recvs[k] = conns[w.conn0 + w.nsends + k];
-        rstep[k] = recvs[k].step ? status_load(recvs[k].step) : 0;
-      }
-    }
-    __syncthreads();
-    for (uint64_t si = 0; si < w.sched.nsteps; si++) {
-      /* Every thread is done with the previous step's fields before thread
-       * 0 replaces them. Steps are expanded as the host executor expands
-       * them; an empty one (nelem 0) moves no slot on either side. */
-      __syncthreads();
-      if (tid == 0)
-        sched_at(&w.sched, si, &st);
-      __syncthreads();
-      const int recv = step_recvs(st.kind), send = step_sends(st.kind);
-      const int final = st.flags & STEP_FINAL;
-      const int transform = (w.red.premul && !(st.flags & STEP_NO_PREMUL)) || (final && w.red.postdiv);
-      for (uint64_t off = 0; off < st.nelem; off += w.piece) {
-        const uint64_t n = st.nelem - off < w.piece ? st.nelem - off : w.piece;
-        const uint64_t bytes = n * w.esize;
-        const struct dev_conn *rc = recv ? &recvs[st.ri] : NULL, *sc = send ? &sends[st.si] : NULL;
-        if (tid == 0) {
-          uint64_t rs = recv ? rstep[st.ri] : 0, ss = send ? sstep[st.si] : 0;
-          rslot = recv ? rc->base + (rs % NCCL_STEPS) * rc->stride : NULL;
-          sslot = send ? sc->base + (ss % NCCL_STEPS) * sc->stride : NULL;
-          rhdr = recv && rc->hdrs ? rc->hdrs + (rs % NCCL_STEPS) * SLOT_HDR_BYTES : rslot;
-          shdr = send && sc->hdrs ? sc->hdrs + (ss % NCCL_STEPS) * SLOT_HDR_BYTES : sslot;
-          if (recv && !wait_counter(rc->tail, rs + 1, status))
-            stop = 1;
-          if (!stop && recv) {
-            struct slot_hdr got = read_hdr(rhdr), want = w.expect;
-            want.bytes = (uint32_t)bytes;
-            if (!hdr_matches(want, got, w.check_seq)) {
-              record(status, DEV_ERR_MISMATCH, blockIdx.x, wi, (uint32_t)si, rc->peer, &got, &want);
-              stop = 1;
-            }
-          }
-          if (!stop && send && !wait_counter(sc->head, ss + 1 > NCCL_STEPS ? ss + 1 - NCCL_STEPS : 0, status))
-            stop = 1;
-        }
-        __syncthreads();
-        if (stop)
-          return;
-        const char *in = rslot ? rslot + SLOT_HDR_BYTES : NULL;
-        char *out = sslot ? sslot + SLOT_HDR_BYTES : NULL;
-        const char *src_base = (st.flags & STEP_SRC_DST) ? w.dst : w.src;
-        const char *src = src_base ? src_base + (st.src_off + off) * w.esize : NULL;
-        char *dst = w.dst ? w.dst + (st.dst_off + off) * w.esize : NULL;
-        /* A partial result as local input had PreMulSum applied already. */
-        struct red_op op = w.red;
-        if (st.flags & STEP_NO_PREMUL)
-          op.premul = 0;
-        switch (st.kind) {
-        case STEP_SEND:
-          if (transform)
-            reduce_any(op, out, NULL, NULL, src, n, final, tid, nthr);
-          else
-            copy_bytes(out, NULL, src, bytes, tid, nthr);
-          break;
-        case STEP_RECV: copy_bytes(dst, NULL, in, bytes, tid, nthr); break;
-        case STEP_COPY_SEND: copy_bytes(out, dst != src ? dst : NULL, src, bytes, tid, nthr); break;
-        case STEP_RECV_COPY_SEND: copy_bytes(out, dst, in, bytes, tid, nthr); break;
-        case STEP_RECV_REDUCE_SEND: reduce_any(op, out, NULL, in, src, n, 0, tid, nthr); break;
-        case STEP_RECV_REDUCE_COPY: reduce_any(op, dst, NULL, in, src, n, final, tid, nthr); break;
-        case STEP_RECV_REDUCE_COPY_SEND: reduce_any(op, dst, out, in, src, n, final, tid, nthr); break;
-        case STEP_COPY:
-          if (transform)
-            reduce_any(op, dst, NULL, NULL, src, n, final, tid, nthr);
-          else if (dst != src)
-            copy_bytes(dst, NULL, src, bytes, tid, nthr);
-          break;
-        }
-        /* One fence per piece: the barrier orders every thread's writes to
-         * the outgoing slot before thread 0's release of the tail, which
-         * (a system-scope release, cumulative) makes them visible to the
-         * peer that acquires it. No thread fences on its own. */
-        __syncthreads();
-        if (tid == 0) {
-          if (send) {
-            struct slot_hdr h = w.mine;
-            h.bytes = (uint32_t)bytes;
-            write_hdr(shdr, h);
-            store_release(sc->tail, ++sstep[st.si]);
-          }
-          if (recv)
-            store_release(rc->head, ++rstep[st.ri]);
-          /* Written, never read (a posted write): the proxy only looks for
-           * a change. Every slot, since a kernel that moves none for 100 ms
-           * while a peer has exited is taken for one stuck on that peer. */
-          status_store(&status->progress, progress_stamp());
-        }
-      }
-    }
-    __syncthreads();
-    if (tid == 0) {
-      /* Where the count is not the connection's own counter, it is kept. */
-      for (int k = 0; k < w.nsends; k++)
-        if (sends[k].step && sends[k].step != sends[k].tail)
-          status_store(sends[k].step, sstep[k]);
-      for (int k = 0; k < w.nrecvs; k++)
-        if (recvs[k].step && recvs[k].step != recvs[k].head)
-          status_store(recvs[k].step, rstep[k]);
-      status_store(&status->progress, progress_stamp());
-    }
+  if (threadIdx.x == 0) {
+    S.W.wi = lane.first;
+    S.W.wend = lane.first + lane.count;
+    S.W.loaded = 0;
   }
+  /* A sync warp and at least one data warp, or every thread in turn. */
+  const uint32_t sw = sync_width(nthr);
+  if (nthr >= 2 * sw)
+    simple_warp(S, sw, base, works, conns, plan.status);
+  else
+    simple_serial(S, base, works, conns, plan.status);
 }
 
 __global__ void __launch_bounds__(DEV_THREADS) bench_kernel(struct red_op op, void *dst, const void *a, const void *b,
