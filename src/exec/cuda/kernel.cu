@@ -436,6 +436,8 @@ __device__ void read_scalar(struct red_op &red, const void *p) {
   }
 }
 
+#include "exec/cuda/kernel_ll.cuh"
+
 __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   __shared__ struct dev_work w;
   __shared__ struct dev_conn sends[WORK_MAX_PEERS], recvs[WORK_MAX_PEERS];
@@ -474,6 +476,12 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
       }
     }
     __syncthreads();
+    /* LL works (kernel_ll.cuh) move their slots apart; the step loop
+     * below is the Simple protocol's. */
+    if (w.proto == PROTO_LL) {
+      if (!ll_work(w, sends, recvs, sstep, rstep, status, wi))
+        return;
+    } else
     for (uint64_t si = 0; si < w.sched.nsteps; si++) {
       /* Every thread is done with the previous step's fields before thread
        * 0 replaces them. Steps are expanded as the host executor expands
