@@ -113,13 +113,14 @@ __device__ bool ll_lines(int kind, const F &f, bool transform, const T *src, T *
       case STEP_COPY_SEND: {
         T x = src[e];
         out.e[k] = x;
-        if (dst != src)
+        if (dst && dst != src) /* as copy_bytes' second output: none where there is no output */
           dst[e] = x;
         break;
       }
       case STEP_RECV_COPY_SEND:
         out.e[k] = in.e[k];
-        dst[e] = in.e[k];
+        if (dst)
+          dst[e] = in.e[k];
         break;
       case STEP_RECV_REDUCE_SEND: out.e[k] = f(in.e[k], src[e]); break;
       case STEP_RECV_REDUCE_COPY: dst[e] = f(in.e[k], src[e]); break;
