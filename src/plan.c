@@ -94,6 +94,12 @@ static size_t slot_elems(const struct ncclComm *comm, size_t esize) {
   return capacity / esize;
 }
 
+/* Elements per slot of the protocol: the schedules' chunks are counted
+ * in slots, so that a step never needs more slots than the FIFO has. */
+static size_t proto_elems(const struct ncclComm *comm, size_t esize, int proto) {
+  return proto == PROTO_LL ? LL_SLOT_DATA / esize : slot_elems(comm, esize);
+}
+
 /* A work's connections of one kind to the schedule's peers, by index. */
 static ncclResult_t peer_conns(struct ncclComm *comm, struct work *w, int kind, int channel,
                                const struct sched_peers *pe) {
@@ -108,7 +114,7 @@ static ncclResult_t peer_conns(struct ncclComm *comm, struct work *w, int kind, 
   return ncclSuccess;
 }
 
-static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
+static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq, int nch, int proto) {
   struct ncclComm *comm = p->comm;
   size_t esize = dtype_size(t->dtype);
   size_t align = LOOM_MAX((size_t)1, 64 / esize);
@@ -121,7 +127,7 @@ static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq,
         .index = ch->ring_index,
         .root = t->root,
         .count = t->count,
-        .chunk = slot_elems(comm, esize) * (NCCL_STEPS / 2),
+        .chunk = proto_elems(comm, esize, proto) * (NCCL_STEPS / 2),
         .align = align,
     };
     schedule_channel_range(t->count, c, nch, align, &a.off, &a.len);
@@ -140,7 +146,8 @@ static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq,
       continue;
     }
     w->channel = c;
-    w->piece = slot_elems(comm, esize);
+    w->piece = proto_elems(comm, esize, proto);
+    w->proto = proto;
     plan_lane_push(&p->lanes[c], w);
   }
   return ncclSuccess;
@@ -148,7 +155,7 @@ static ncclResult_t plan_ring(struct comm_plan *p, struct task *t, uint64_t seq,
 
 /* Collectives of every algorithm queue on the channel lanes, so that they
  * run in call order whatever connections they use. */
-static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq, int nch) {
+static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq, int nch, int proto) {
   struct ncclComm *comm = p->comm;
   size_t esize = dtype_size(t->dtype), align = LOOM_MAX((size_t)1, 64 / esize);
   for (int c = 0; c < nch; c++) {
@@ -164,7 +171,8 @@ static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq,
     struct work *w;
     CHECK(new_work(comm, t, seq, &w));
     struct sched_peers pe;
-    ncclResult_t r = tree_schedule(ch->tree_up, children, nchild, off, len, slot_elems(comm, esize) * 2, &w->sched, &pe);
+    ncclResult_t r = tree_schedule(ch->tree_up, children, nchild, off, len, proto_elems(comm, esize, proto) * 2, &w->sched,
+                                   &pe);
     if (r == ncclSuccess)
       r = peer_conns(comm, w, CONN_TREE, c, &pe);
     if (r != ncclSuccess) {
@@ -172,13 +180,14 @@ static ncclResult_t plan_tree(struct comm_plan *p, struct task *t, uint64_t seq,
       return r;
     }
     w->channel = c;
-    w->piece = slot_elems(comm, esize);
+    w->piece = proto_elems(comm, esize, proto);
+    w->proto = proto;
     plan_lane_push(&p->lanes[c], w);
   }
   return ncclSuccess;
 }
 
-static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq) {
+static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq, int proto) {
   struct ncclComm *comm = p->comm;
   struct work *w;
   CHECK(new_work(comm, t, seq, &w));
@@ -190,7 +199,8 @@ static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq) {
     plan_work_free(w);
     return r;
   }
-  w->piece = slot_elems(comm, w->esize);
+  w->piece = proto_elems(comm, w->esize, proto);
+  w->proto = proto;
   plan_lane_push(&p->lanes[0], w);
   return ncclSuccess;
 }
@@ -303,17 +313,19 @@ ncclResult_t plan_estimate(struct ncclComm *comm, const struct task *t, double *
 }
 
 ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int algo, int nch) {
+  /* The protocol follows from what every rank's tuner sees alike. */
+  int proto = p->comm->nranks > 1 ? tuner_proto(p->comm->tuner, t->coll, algo, task_bytes(p->comm, t)) : PROTO_SIMPLE;
   switch (algo) {
-  case ALGO_TREE: return plan_tree(p, t, seq, nch);
-  case ALGO_RD: return plan_rd(p, t, seq);
-  default: return plan_ring(p, t, seq, nch);
+  case ALGO_TREE: return plan_tree(p, t, seq, nch, proto);
+  case ALGO_RD: return plan_rd(p, t, seq, proto);
+  default: return plan_ring(p, t, seq, nch, proto);
   }
 }
 
 static ncclResult_t plan_collective(struct comm_plan *p, struct task *t, uint64_t seq) {
   struct ncclComm *comm = p->comm;
   if (comm->nranks == 1)
-    return plan_ring(p, t, seq, 1);
+    return plan_ring(p, t, seq, 1, PROTO_SIMPLE);
   if (!comm->coll_conns)
     CHECK(plan_connect_collectives(comm));
   int algo, nch;

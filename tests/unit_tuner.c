@@ -94,12 +94,19 @@ TEST_IMPL(unit_tuner_env) {
   ASSERT(strstr(err_thread_last(), "unknown algorithm \"Fast\"") != NULL);
   ASSERT(tuner_parse_algo("allsum:ring", m, COLL_COUNT) == ncclInvalidArgument);
 
-  ASSERT_OK(tuner_parse_proto("Simple"));
-  ASSERT_OK(tuner_parse_proto("^LL,LL128"));
-  ASSERT(tuner_parse_proto("LL") == ncclInvalidUsage);
-  ASSERT(strstr(err_thread_last(), "Loom does not implement") != NULL);
-  ASSERT(tuner_parse_proto("^Simple") == ncclInvalidUsage);
-  ASSERT(tuner_parse_proto("Fast") == ncclInvalidArgument);
+  unsigned protos;
+  ASSERT_OK(tuner_parse_proto("Simple", &protos));
+  ASSERT(protos == PROTO_BIT_SIMPLE);
+  ASSERT_OK(tuner_parse_proto("^LL,LL128", &protos));
+  ASSERT(protos == PROTO_BIT_SIMPLE);
+  ASSERT_OK(tuner_parse_proto("LL", &protos));
+  ASSERT(protos == PROTO_BIT_LL);
+  ASSERT_OK(tuner_parse_proto("^Simple", &protos));
+  ASSERT(protos == PROTO_BIT_LL);
+  ASSERT(tuner_parse_proto("LL128", &protos) == ncclInvalidUsage);
+  ASSERT(strstr(err_thread_last(), "LL128 is not implemented") != NULL);
+  ASSERT(tuner_parse_proto("^Simple,LL", &protos) == ncclInvalidUsage);
+  ASSERT(tuner_parse_proto("Fast", &protos) == ncclInvalidArgument);
 
   /* A setting that leaves a call nothing Loom can run makes it a ring,
    * as NCCL falls back. */
@@ -126,5 +133,58 @@ TEST_IMPL(unit_tuner_env) {
   ASSERT_OK(tuner_pick(&t, COLL_BROADCAST, 8, &algo, &nch, NULL));
   ASSERT(algo == ALGO_RING);
   unsetenv("NCCL_ALGO");
+  return 0;
+}
+
+/* The protocol: LL for collectives up to 64 KiB where the communicator
+ * can run it (CUDA ranks on one host with shm allowed), Simple elsewhere
+ * and for point-to-point; NCCL_PROTO=LL takes LL at any size where it
+ * can run, Simple keeps Simple, LL128 alone is refused. */
+TEST_IMPL(unit_tuner_proto) {
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_PROTO");
+  struct tune_input gpu1, gpu2hosts, gpu_noshm, host;
+  tuner_shape(&gpu1, 4, 1, 4, 2, 1, 0, 4u << 20, 0, 0);
+  tuner_shape(&gpu2hosts, 4, 2, 2, 2, 1, 0, 4u << 20, 0, 0);
+  tuner_shape(&gpu_noshm, 4, 1, 4, 2, 1, 1, 4u << 20, 0, 0);
+  tuner_shape(&host, 4, 1, 4, 1, 0, 0, 4u << 20, 0, 0);
+  struct tuner t;
+  ASSERT_OK(tuner_init(&t, &gpu1));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_LL);
+  ASSERT(tuner_proto(&t, COLL_ALLGATHER, ALGO_RING, 64u << 10) == PROTO_LL);
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, (64u << 10) + 1) == PROTO_SIMPLE);
+  ASSERT(tuner_proto(&t, COLL_BROADCAST, ALGO_RING, 1u << 20) == PROTO_SIMPLE);
+  ASSERT(tuner_proto(&t, COLL_SEND, ALGO_RING, 8) == PROTO_SIMPLE);
+  ASSERT(tuner_proto(&t, COLL_RECV, ALGO_RING, 8) == PROTO_SIMPLE);
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_TREE, 4096) == PROTO_LL);
+  /* Not where a connection may have no LL slots, nor on host ranks. */
+  const struct tune_input *no_ll[] = {&gpu2hosts, &gpu_noshm, &host};
+  for (int i = 0; i < 3; i++) {
+    ASSERT_OK(tuner_init(&t, no_ll[i]));
+    ASSERT_MSG(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_SIMPLE, "shape %d", i);
+  }
+  setenv("NCCL_PROTO", "LL", 1);
+  ASSERT_OK(tuner_init(&t, &gpu1));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 256u << 20) == PROTO_LL);
+  ASSERT(tuner_proto(&t, COLL_SEND, ALGO_RING, 8) == PROTO_SIMPLE);
+  /* Recursive doubling sends all before it receives: LL only where it
+   * fits in the LL slots. */
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RD, 256u << 10) == PROTO_LL);
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RD, (256u << 10) + 8) == PROTO_SIMPLE);
+  ASSERT_OK(tuner_init(&t, &gpu2hosts));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_SIMPLE);
+  setenv("NCCL_PROTO", "Simple", 1);
+  ASSERT_OK(tuner_init(&t, &gpu1));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_SIMPLE);
+  setenv("NCCL_PROTO", "^LL", 1);
+  ASSERT_OK(tuner_init(&t, &gpu1));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_SIMPLE);
+  setenv("NCCL_PROTO", "LL128,Simple", 1);
+  ASSERT_OK(tuner_init(&t, &gpu1));
+  ASSERT(tuner_proto(&t, COLL_ALLREDUCE, ALGO_RING, 8) == PROTO_SIMPLE);
+  setenv("NCCL_PROTO", "LL128", 1);
+  ASSERT(tuner_init(&t, &gpu1) == ncclInvalidUsage);
+  ASSERT_MSG(strstr(err_thread_last(), "LL128 is not implemented") != NULL, "%s", err_thread_last());
+  unsetenv("NCCL_PROTO");
   return 0;
 }

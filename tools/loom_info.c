@@ -202,7 +202,7 @@ static int print_channels(const struct topo_system *t, int nranks, int nhosts, i
     fprintf(stderr, "loom-info: %s\n", err_thread_last());
     return 1;
   }
-  printf("\nAllReduce algorithm per size (Simple protocol; the model's estimate):\n");
+  printf("\nAllReduce algorithm and protocol per size (the model's estimate, Simple's):\n");
   for (size_t bytes = 8; bytes <= ((size_t)1 << 30); bytes *= 8) {
     int algo, nc;
     double est;
@@ -210,7 +210,8 @@ static int print_channels(const struct topo_system *t, int nranks, int nhosts, i
       printf("  %12zu B  %s\n", bytes, err_thread_last());
       continue;
     }
-    printf("  %12zu B  %-18s %2d channel(s)  %10.1f us\n", bytes, algo_name(algo), nc, est * 1e6);
+    printf("  %12zu B  %-18s %-6s %2d channel(s)  %10.1f us\n", bytes, algo_name(algo),
+           proto_name(tuner_proto(&tu, COLL_ALLREDUCE, algo, bytes)), nc, est * 1e6);
   }
   topo_channels_free(&ch);
   for (int h = 0; h < nhosts; h++) {

@@ -94,26 +94,48 @@ ncclResult_t tuner_parse_algo(const char *spec, unsigned *allowed, int ncoll) {
   return ncclSuccess;
 }
 
-ncclResult_t tuner_parse_proto(const char *spec) {
+const char *proto_name(int proto) { return proto == PROTO_LL ? "LL" : "Simple"; }
+
+ncclResult_t tuner_parse_proto(const char *spec, unsigned *protos) {
+  *protos = PROTO_BIT_SIMPLE | PROTO_BIT_LL;
   if (!spec || !spec[0])
     return ncclSuccess;
-  const char *list = spec[0] == '^' ? spec + 1 : spec;
-  int has_simple = 0;
+  int exclude = spec[0] == '^';
+  const char *list = exclude ? spec + 1 : spec;
+  unsigned m = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", list);
   char *save = NULL;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ')
+      tok++;
     if (strcasecmp(tok, "Simple") == 0)
-      has_simple = 1;
-    else if (strcasecmp(tok, "LL") != 0 && strcasecmp(tok, "LL128") != 0)
+      m |= PROTO_BIT_SIMPLE;
+    else if (strcasecmp(tok, "LL") == 0)
+      m |= PROTO_BIT_LL;
+    else if (strcasecmp(tok, "LL128") != 0)
       return err_set(ncclInvalidArgument, "NCCL_PROTO=%s: unknown protocol \"%s\" (LL, LL128, Simple)", spec, tok);
   }
-  if (has_simple == (spec[0] == '^'))
+  if (exclude)
+    m = ~m & (PROTO_BIT_SIMPLE | PROTO_BIT_LL);
+  if (!m)
     return err_set(ncclInvalidUsage,
-                   "NCCL_PROTO=%s leaves only protocols Loom does not implement: it has Simple (LL and LL128 "
-                   "are not implemented)",
+                   "NCCL_PROTO=%s leaves only LL128, and LL128 is not implemented in Loom (it has Simple and LL)",
                    spec);
+  *protos = m;
   return ncclSuccess;
+}
+
+int tuner_proto(const struct tuner *t, enum coll_kind coll, int algo, size_t bytes) {
+  if (!t->in.ll_ok || !(t->protos & PROTO_BIT_LL) || coll == COLL_SEND || coll == COLL_RECV)
+    return PROTO_SIMPLE;
+  /* Recursive doubling sends its whole buffer before it receives: it
+   * must fit in the LL slots. */
+  if (algo == ALGO_RD && bytes > (size_t)NCCL_STEPS * LL_SLOT_DATA)
+    return PROTO_SIMPLE;
+  if (!(t->protos & PROTO_BIT_SIMPLE))
+    return PROTO_LL;
+  return bytes <= t->in.ll_max_bytes ? PROTO_LL : PROTO_SIMPLE;
 }
 
 void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_per_host, int nchannels, int gpu,
@@ -145,13 +167,19 @@ void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_pe
   in->bw_net = nic_gbs > 0 ? nic_gbs * 1e9 * 0.8 : 1.25e9;
   /* Recursive doubling must fit its whole buffer in a FIFO. */
   in->rd_max_bytes = LOOM_MIN((size_t)NCCL_STEPS * ((buffsize / NCCL_STEPS) & ~(size_t)63), (size_t)256 << 10);
+  /* LL needs the LL slots, which CUDA ranks' shm and p2p connections
+   * have and network connections do not: one host, shm allowed on every
+   * rank (so no pair falls back to sockets). Up to 64 KiB, as NCCL's LL
+   * takes over small calls on NVLink. */
+  in->ll_ok = gpu && nhosts == 1 && !shm_disabled;
+  in->ll_max_bytes = (size_t)64 << 10;
 }
 
 ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in) {
   memset(t, 0, sizeof *t);
   t->in = *in;
   CHECK(tuner_parse_algo(param_str(P_ALGO), t->allowed, COLL_COUNT));
-  return tuner_parse_proto(param_str(P_PROTO));
+  return tuner_parse_proto(param_str(P_PROTO), &t->protos);
 }
 
 double tuner_estimate(const struct tune_input *in, enum coll_kind coll, int algo, size_t bytes) {
@@ -232,9 +260,9 @@ ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int 
     cls++;
   if ((int)coll >= 0 && coll < COLL_COUNT && !(t->logged[coll] & (1ull << cls))) {
     t->logged[coll] |= 1ull << cls;
-    INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, Simple, %d channel(s); model %.1f us (Ring %.1f, Tree "
+    INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, %s, %d channel(s); model %.1f us (Ring %.1f, Tree "
          "%.1f, RecursiveDoubling %.1f)",
-         coll_name(coll), bytes, cls, algo_name(best), nch, best_t * 1e6,
+         coll_name(coll), bytes, cls, algo_name(best), proto_name(tuner_proto(t, coll, best, bytes)), nch, best_t * 1e6,
          times[ALGO_RING] * 1e6, times[ALGO_TREE] * 1e6, times[ALGO_RD] * 1e6);
   }
   *algo = best;

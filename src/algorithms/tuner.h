@@ -13,6 +13,7 @@
 
 #include "nccl.h"
 #include "common/coll.h"
+#include "transport/slot_hdr.h"
 
 enum algo { ALGO_RING = 0, ALGO_TREE = 1, ALGO_RD = 2, ALGO_COUNT };
 
@@ -28,7 +29,13 @@ struct tune_input {
   double bw_local;    /* bytes/s a rank moves to a neighbour on its host */
   double bw_net;      /* bytes/s a rank moves to another host */
   size_t rd_max_bytes; /* recursive doubling sends before it receives: what fits in a FIFO */
+  int ll_ok;           /* the LL protocol can run: CUDA ranks on one host, shm (and p2p) connections */
+  size_t ll_max_bytes; /* the largest call LL takes by default */
 };
+
+/* Protocol bits of NCCL_PROTO (enum loom_proto's). */
+#define PROTO_BIT_SIMPLE (1u << PROTO_SIMPLE)
+#define PROTO_BIT_LL (1u << PROTO_LL)
 
 struct tuner {
   struct tune_input in;
@@ -36,6 +43,7 @@ struct tuner {
   unsigned allowed[COLL_COUNT];
   uint64_t logged[COLL_COUNT]; /* size classes already logged, per collective */
   unsigned fell_back;  /* collectives already logged as run as Ring against NCCL_ALGO */
+  unsigned protos;     /* PROTO_BIT_*, from NCCL_PROTO */
 };
 
 /* The model's inputs for a communicator of this shape. Latencies are per
@@ -56,7 +64,16 @@ ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in);
 /* Parses an NCCL_ALGO value into per-collective masks (exposed for the
  * tests). `allowed` has one mask per enum coll_kind. */
 ncclResult_t tuner_parse_algo(const char *spec, unsigned *allowed, int ncoll);
-ncclResult_t tuner_parse_proto(const char *spec);
+/* NCCL_PROTO into PROTO_BIT_* (LL128 is accepted beside another protocol
+ * and stands for nothing; alone it is refused: Loom does not have it). */
+ncclResult_t tuner_parse_proto(const char *spec, unsigned *protos);
+
+/* enum loom_proto for a collective of `bytes` run with `algo`: LL where
+ * the communicator can run it and NCCL_PROTO allows it, by default up to
+ * ll_max_bytes, with LL alone at any size; else Simple. A function of
+ * what every rank knows alike. */
+int tuner_proto(const struct tuner *t, enum coll_kind coll, int algo, size_t bytes);
+const char *proto_name(int proto);
 
 /* The algorithm and channel count for a collective of `bytes` (the
  * larger of its input and output); est gets the model's estimate in

@@ -27,6 +27,7 @@ struct work {
   char *dst;
   size_t esize;
   size_t piece;      /* elements per slot */
+  int proto;         /* enum loom_proto; LL only on CUDA communicators (their kernel) */
   uint64_t step;     /* index of the current step (sched_at) */
   uint64_t step_off; /* elements of the current step already moved */
   /* Step cur_at expanded, so that polling a blocked step, or running a

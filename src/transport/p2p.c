@@ -102,12 +102,16 @@ static ncclResult_t p2p_setup(struct conn *c, void *info, size_t *len) {
   CHECK(UTIL_CALLOC(&pp, 1, "p2p connection"));
   c->priv = pp;
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
-  size_t size = c->dir == CONN_RECV ? P2P_CTRL_BYTES + NCCL_STEPS * (SLOT_HDR_BYTES + capacity) : P2P_CTRL_BYTES;
+  /* The receiver's memory: control page, Simple slots, LL slots. */
+  size_t simple = P2P_CTRL_BYTES + NCCL_STEPS * (SLOT_HDR_BYTES + capacity);
+  size_t size = c->dir == CONN_RECV ? simple + LL_FIFO_BYTES : P2P_CTRL_BYTES;
   CHECK(cuda_malloc(&pp->local, size, c->dir == CONN_RECV ? "a p2p FIFO" : "a p2p counter"));
   c->mem_dev = size;
   /* Zeroed before the handle is published: a peer may write the counters
-   * as soon as it has it. */
+   * as soon as it has it. The LL lines too: a flag is never 0. */
   CHECK(cuda_memset(pp->local, 0, P2P_CTRL_BYTES));
+  if (c->dir == CONN_RECV)
+    CHECK(cuda_memset((char *)pp->local + simple, 0, LL_FIFO_BYTES));
   c->fifo.capacity = capacity;
   c->fifo.stride = SLOT_HDR_BYTES + capacity;
   struct p2p_info *pi = info;
@@ -151,6 +155,7 @@ static ncclResult_t p2p_connect(struct conn *c, const void *peer_info, size_t le
     c->dev.tail = (uint64_t *)local;
     c->dev.head = (uint64_t *)remote;
   }
+  c->dev.ll = c->dev.base + NCCL_STEPS * c->fifo.stride;
   c->dev.step = (uint64_t *)(local + offsetof(struct p2p_ctrl, step));
   return cuda_peek_init(&pp->peek, sizeof(struct p2p_snap) + sizeof(struct p2p_ctrl), "a p2p connection's peek");
 }

@@ -132,6 +132,10 @@ static ncclResult_t shm_attach(struct conn *c, struct shm_priv *sp, size_t capac
   c->dev.tail = (uint64_t *)(d + offsetof(struct shm_ctrl, tail));
   c->dev.head = (uint64_t *)(d + offsetof(struct shm_ctrl, head));
   c->dev.step = c->dir == CONN_SEND ? c->dev.tail : c->dev.head;
+  /* The LL slots after the Simple ones: a segment made for a CUDA
+   * communicator has them (zero, as a new segment is). */
+  if (sp->size >= SHM_DATA_OFFSET + NCCL_STEPS * c->fifo.stride + LL_FIFO_BYTES)
+    c->dev.ll = c->dev.base + NCCL_STEPS * c->fifo.stride;
   return ncclSuccess;
 }
 
@@ -150,7 +154,7 @@ static ncclResult_t shm_setup(struct conn *c, void *info, size_t *len) {
   uint64_t token;
   CHECK(util_random(&token, sizeof token));
   size_t capacity = (c->comm->buffsize / NCCL_STEPS) & ~(size_t)63;
-  sp->size = SHM_DATA_OFFSET + NCCL_STEPS * (SLOT_HDR_BYTES + capacity);
+  sp->size = SHM_DATA_OFFSET + NCCL_STEPS * (SLOT_HDR_BYTES + capacity) + (c->comm->is_host ? 0 : LL_FIFO_BYTES);
   CHECK(shm_seg_create(sp->size, c->peer, &sp->seg_fd));
   sp->map = mmap(NULL, sp->size, PROT_READ | PROT_WRITE, MAP_SHARED, sp->seg_fd, 0);
   if (sp->map == MAP_FAILED) {

@@ -145,6 +145,9 @@ struct conn {
   struct {
     char *base;
     char *hdrs;
+    /* The LL slots (LL_FIFO_BYTES after the Simple ones, slot_hdr.h);
+     * NULL where the transport has none (network). */
+    char *ll;
     uint64_t *tail, *head;
     /* This side's slot count as its kernels keep it (dev.h, dev_conn):
      * its own counter (the tail of a send, the head of a receive) where

@@ -11,14 +11,21 @@
 # run on a warm machine is reused.
 #
 # What each step answers:
-#   - graphs: collectives captured once and replayed, on a real driver;
+#   - graphs: collectives captured once and replayed, on a real driver
+#     (gpu_graph_replay_ll_2: LL ones among them);
+#   - gpu_coll_pieces: the Simple loop with its handshake warp (gpu_pieces_*:
+#     many pieces per step, Ring and Tree), where bar.sync/bar.arrive are real;
+#   - gpu_ll: the LL protocol's tests (tests/test_gpu_ll.c) on real
+#     hardware, where GPU memory ordering is weaker than the emulation's;
 #   - reduce_kernel_bw: the reduce loop's bytes per second against
 #     cudaMemcpy device to device (the issue's goal: at least 85%);
 #   - one_lane: one block's AllReduce bus bandwidth (NCCL_MAX_NCHANNELS=1),
 #     the model's per-lane figure;
 #   - ar_<proto>: AllReduce of 2 ranks as threads of one process on the
 #     one GPU at 8 B, 1 MiB and 256 MiB, with the Simple protocol and with
-#     LL (NCCL_PROTO=LL: refused, so the step fails, by a build without LL);
+#     LL (NCCL_PROTO=LL forces LL at every size, 256 MiB included, where
+#     it runs at about half the link rate; by default only calls up to
+#     64 KiB take LL);
 #   - ncu: one kernel launch under Nsight Compute, where it is installed.
 set -uo pipefail
 # shellcheck source=tests/gpu/lib.sh
@@ -30,7 +37,8 @@ step gpu_info 10 "nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.max.sm,clock
 build_loom nccl loom_tests all_reduce_perf reduce_kernel_bw
 
 step graphs 60 "$(ctest_cmd '^gpu_graph_')"
-step gpu_coll_2 45 "$(ctest_cmd '^gpu_coll_2$')"
+step gpu_coll_pieces 45 "$(ctest_cmd '^gpu_(coll_2|pieces_.*)$')"
+step gpu_ll 45 "$(ctest_cmd '^gpu_ll_')"
 
 step reduce_kernel_bw 15 "$B/perf/reduce_kernel_bw 256 20"
 

@@ -133,6 +133,7 @@ static struct dev_conn dev_conn_of(struct conn *c) {
     return d;
   d.base = c->dev.base;
   d.hdrs = c->dev.hdrs;
+  d.ll = c->dev.ll;
   d.stride = c->fifo.stride;
   d.tail = c->dev.tail;
   d.head = c->dev.head;
@@ -265,6 +266,7 @@ static ncclResult_t pack(struct ncclComm *comm, struct lane *lanes, int nlanes, 
       slot_expect(t, w->seq, &x->expect);
       note_expected(cc, w, &x->expect);
       x->check_seq = t->coll != COLL_RECV;
+      x->proto = (uint32_t)w->proto;
       x->nsends = w->nsends;
       x->nrecvs = w->nrecvs;
       x->conn0 = (uint32_t)ci;
@@ -275,6 +277,12 @@ static ncclResult_t pack(struct ncclComm *comm, struct lane *lanes, int nlanes, 
          * from the same count. The lanes are built so that it cannot be. */
         if (c && c->packed_in == cc->npacked + 1 && c->packed_lane != (int)li)
           return err_set(ncclInternalError, "rank %d: two lanes of one launch use the connection to rank %d",
+                         comm->rank, c->peer);
+        /* The tuner chooses LL only where every connection has LL slots
+         * (one host, shm or p2p); a connection without is a bug, which
+         * must not become a kernel polling where nobody writes. */
+        if (c && w->proto == PROTO_LL && !c->dev.ll)
+          return err_set(ncclInternalError, "rank %d: an LL work uses the connection to rank %d, which has no LL slots",
                          comm->rank, c->peer);
         if (c) {
           c->packed_in = cc->npacked + 1;

@@ -25,6 +25,7 @@ struct dev_conn {
   char *hdrs;         /* the headers, SLOT_HDR_BYTES apart, where they are kept apart from the slots (in
                          mapped host memory, for the proxy); NULL: each slot starts with its header */
   uint64_t stride;    /* bytes per slot, header included */
+  char *ll;           /* the LL slots, LL_STRIDE apart (slot_hdr.h); NULL where there are none */
   uint64_t *tail;     /* slots posted by the sender */
   uint64_t *head;     /* slots released by the receiver */
   /* This side's slot count, which only this side's kernels write: read
@@ -54,6 +55,7 @@ struct dev_work {
   int32_t check_seq;       /* collectives compare sequence numbers, p2p not */
   int32_t nsends, nrecvs;
   uint32_t conn0;          /* its sends, then its receives: the plan's conns[conn0...] (steps name them by si / ri) */
+  uint32_t proto;          /* enum loom_proto: how its slots move (PROTO_LL: kernel_ll.cuh) */
 };
 
 struct dev_lane {

@@ -1,18 +1,20 @@
 /*
  * The CUDA executor's kernel: one thread block per lane walks its works'
  * schedule steps in order, one FIFO slot at a time, exactly as the host
- * executor does. Thread 0 waits for the slots and publishes them, in a
- * warp of its own that overlaps the next piece's handshake with the
- * current piece's data (kernel_simple.cuh); the other warps move data,
- * 16 bytes at a time where all pointers allow it, with
+ * executor does. With the Simple protocol thread 0 waits for the slots
+ * and publishes them, in a warp of its own that overlaps the next piece's
+ * handshake with the current piece's data (kernel_simple.cuh); the other
+ * warps move data, 16 bytes at a time where all pointers allow it, with
  * UNROLL such loads in flight per source before any store, since one
  * 16-byte load per thread leaves a block latency-bound far below the
- * links (docs/gpu-performance.md).
+ * links (docs/gpu-performance.md). LL works, small collectives on one
+ * host, send flagged lines instead (kernel_ll.cuh).
  *
  * Arithmetic matches the host kernels (reduce.c): integers wrap, fp16 /
- * bf16 / fp8 are combined in fp32 and rounded once (fp8 saturating), and
- * a + b * s is never contracted into an FMA, so a GPU rank and a CPU rank
- * of the same type produce the same bits.
+ * bf16 / fp8 are rounded once from the exact result (fp8 saturating; fp32
+ * as the host does, or fp16 / bf16 pairs in their own type, the same
+ * bits), and a + b * s is never contracted into an FMA, so a GPU rank and
+ * a CPU rank of the same type produce the same bits.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include <cuda_bf16.h>
@@ -516,6 +518,7 @@ __device__ void read_scalar(struct red_op &red, const void *p) {
 }
 
 #include "exec/cuda/kernel_simple.cuh"
+#include "exec/cuda/kernel_ll.cuh"
 
 __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   __shared__ struct simple_shared S;
@@ -525,17 +528,47 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
   const struct dev_lane lane = ((const struct dev_lane *)(base + plan.lanes_off))[blockIdx.x];
   const struct dev_work *works = (const struct dev_work *)(base + plan.works_off);
   const struct dev_conn *conns = (const struct dev_conn *)(base + plan.conns_off);
-  if (threadIdx.x == 0) {
-    S.W.wi = lane.first;
-    S.W.wend = lane.first + lane.count;
-    S.W.loaded = 0;
-  }
   /* A sync warp and at least one data warp, or every thread in turn. */
   const uint32_t sw = sync_width(nthr);
-  if (nthr >= 2 * sw)
-    simple_warp(S, sw, base, works, conns, plan.status);
-  else
-    simple_serial(S, base, works, conns, plan.status);
+  const uint32_t end = lane.first + lane.count;
+  for (uint32_t wi = lane.first; wi < end;) {
+    /* A run of Simple works goes through the piece loop, which overlaps
+     * them; an LL work (kernel_ll.cuh) moves its slots apart, every
+     * thread at once. Both start from the counts the last work left. */
+    uint32_t run = wi;
+    while (run < end && works[run].proto != PROTO_LL)
+      run++;
+    if (run > wi) {
+      if (threadIdx.x == 0) {
+        S.W.wi = wi;
+        S.W.wend = run;
+        S.W.loaded = 0;
+      }
+      __syncthreads();
+      if (nthr >= 2 * sw)
+        simple_warp(S, sw, base, works, conns, plan.status);
+      else
+        simple_serial(S, base, works, conns, plan.status);
+      __syncthreads();
+      /* The walk ends past its last work; stopped inside one, the kernel
+       * found a mismatch or an abort. */
+      if (S.W.loaded || S.W.wi < run)
+        return;
+      wi = run;
+      continue;
+    }
+    if (threadIdx.x == 0) {
+      S.W.wi = wi;
+      work_load(S.W, base, works, conns, NULL);
+    }
+    __syncthreads();
+    if (!ll_work(S.W.w, S.W.sends, S.W.recvs, S.W.sstep, S.W.rstep, plan.status, wi))
+      return;
+    if (threadIdx.x == 0)
+      work_end(S.W, plan.status);
+    __syncthreads();
+    wi++;
+  }
 }
 
 __global__ void __launch_bounds__(DEV_THREADS) bench_kernel(struct red_op op, void *dst, const void *a, const void *b,

@@ -79,4 +79,25 @@ template <typename T> static inline T emu_volatile_load(const volatile T *p) { r
 template <typename T> static inline void emu_volatile_store(volatile T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 template <typename T> static inline void emu_volatile_publish(volatile T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+/* The LL protocol's 16-byte line (kernel_ll.cuh): on the GPU one 16-byte
+ * volatile store and load. An x86 16-byte store is not guaranteed atomic,
+ * so here each 8-byte half {data32, flag32} is a relaxed atomic of its
+ * own and its flag is checked on its own, which is all the line's
+ * layout needs (and ThreadSanitizer sees no race). A poll that fails
+ * yields, so that on two cores the writer runs. */
+static inline bool emu_ll_load(const char *line, uint32_t flag, uint64_t *v) {
+  const uint64_t *q = (const uint64_t *)line;
+  uint64_t lo = __atomic_load_n(q, __ATOMIC_RELAXED), hi = __atomic_load_n(q + 1, __ATOMIC_RELAXED);
+  *v = (lo & 0xffffffffull) | hi << 32;
+  if ((uint32_t)(lo >> 32) == flag && (uint32_t)(hi >> 32) == flag)
+    return true;
+  sched_yield();
+  return false;
+}
+static inline void emu_ll_store(char *line, uint64_t v, uint32_t flag) {
+  uint64_t *q = (uint64_t *)line;
+  __atomic_store_n(q, (v & 0xffffffffull) | (uint64_t)flag << 32, __ATOMIC_RELAXED);
+  __atomic_store_n(q + 1, (v >> 32) | (uint64_t)flag << 32, __ATOMIC_RELAXED);
+}
+
 #endif
