@@ -7,6 +7,12 @@ only:
     dist_suite.py --backend loom|gloo --world-size N [--chunk K/M] [--list]
                   [-k REGEX] [--timeout S] [--lift-gates] [--json FILE]
     dist_suite.py --compare --backend loom --world-size N [...]
+    dist_suite.py --control --backend loom --world-size N [...]
+
+--compare runs the whole selection with gloo too. --control (CI's) runs
+gloo only on the tests the backend failed, to say of each whether gloo
+fails it as well (torch's or the machine's problem): it costs nothing when
+all pass. The exit status is the backend's alone either way.
 
 The parent (this process, which never imports torch) runs the tests in a
 worker process, one after another; each rank of a test is a fresh process
@@ -602,6 +608,8 @@ def parse_args(argv):
                     help="how ranks start: forked from a server that imported the suite once "
                          "(default), or spawned like upstream (seconds per rank)")
     ap.add_argument("--compare", action="store_true", help="run gloo too and compare")
+    ap.add_argument("--control", action="store_true",
+                    help="run gloo on the tests the backend failed, and say which gloo fails too")
     ap.add_argument("-v", "--verbose", action="store_true", help="a line per test")
     ap.add_argument("--worker-list", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-run", help=argparse.SUPPRESS)
@@ -663,6 +671,13 @@ def main(argv):
 
     doc = run_suite(args, args.backend)
     print_summary(doc)
+    bad = sorted(n for n, r in doc["tests"].items() if r["outcome"] in ("failed", "errored"))
+    if args.control and bad:
+        args.k, args.chunk = "^(%s)$" % "|".join(re.escape(n) for n in bad), None
+        ref = run_suite(args, "gloo")
+        print("\ncontrol, gloo on the %d test(s) %s failed:" % (len(bad), args.backend))
+        for n in bad:
+            print("  %-60s gloo %s" % (n, ref["tests"].get(n, {}).get("outcome", "not run")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
