@@ -25,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <type_traits>
+
 #include "core.h"
 #include "common/coll.h"
 #include "exec/cuda/dev.h"
@@ -155,9 +157,6 @@ template <typename T, int KIND> struct Combine {
  * values is exact in fp32 or too small to be near a midpoint
  * (unit_reduce_once checks codes against the exact result rounded once).
  * Only without PreMulSum or a final division, which go through fp32. */
-template <typename T, int KIND> struct Paired {
-  static const bool ok = false;
-};
 template <typename H> __device__ __forceinline__ H h2_of(uint32_t u) {
   H h;
   memcpy((void *)&h, &u, sizeof h);
@@ -168,28 +167,22 @@ template <typename H> __device__ __forceinline__ uint32_t bits_of_h2(H h) {
   memcpy(&u, &h, sizeof u);
   return u;
 }
-template <> struct Paired<Half, RED_SUM> {
-  static const bool ok = true;
-  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
-    return bits_of_h2(__hadd2_rn(h2_of<__half2>(a), h2_of<__half2>(b)));
-  }
+/* The CUDA pair type of a storage type that has one. */
+template <typename T> struct Pair2 {
+  typedef void H;
 };
-template <> struct Paired<Half, RED_PROD> {
-  static const bool ok = true;
-  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
-    return bits_of_h2(__hmul2_rn(h2_of<__half2>(a), h2_of<__half2>(b)));
-  }
+template <> struct Pair2<Half> {
+  typedef __half2 H;
 };
-template <> struct Paired<Bf16, RED_SUM> {
-  static const bool ok = true;
-  static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
-    return bits_of_h2(__hadd2_rn(h2_of<__nv_bfloat162>(a), h2_of<__nv_bfloat162>(b)));
-  }
+template <> struct Pair2<Bf16> {
+  typedef __nv_bfloat162 H;
 };
-template <> struct Paired<Bf16, RED_PROD> {
-  static const bool ok = true;
+template <typename T, int KIND> struct Paired {
+  typedef typename Pair2<T>::H H;
+  static const bool ok = !std::is_same<H, void>::value && (KIND == RED_SUM || KIND == RED_PROD);
   static __device__ __forceinline__ uint32_t op(uint32_t a, uint32_t b) {
-    return bits_of_h2(__hmul2_rn(h2_of<__nv_bfloat162>(a), h2_of<__nv_bfloat162>(b)));
+    const H x = h2_of<H>(a), y = h2_of<H>(b);
+    return bits_of_h2(KIND == RED_SUM ? __hadd2_rn(x, y) : __hmul2_rn(x, y));
   }
 };
 
