@@ -299,9 +299,8 @@ __device__ bool ll_work(const struct dev_work &w, const struct dev_conn *sends, 
     }
   }
   __syncthreads();
-  if (tid == 0) {
+  /* The progress word follows in work_end, which loom_kernel runs next. */
+  if (tid == 0)
     ll_post(c);
-    status_store(&status->progress, progress_stamp());
-  }
   return true;
 }
