@@ -17,6 +17,7 @@
 #include "misc/utils.h"
 #include "rma.h"
 #include "status.h"
+#include "transport/shm_arena.h"
 #include "transport/transport.h"
 
 #include <stdio.h>
@@ -51,6 +52,7 @@ void comm_destroy_all(struct ncclComm *comm) {
   int saved_dev = comm->is_host ? -1 : cuda_current_device();
   cuda_comm_fini(comm, comm->abort_flag);
   transport_free_all(comm);
+  arena_free(comm);
   cuda_restore_device(saved_dev);
   bootstrap_close(comm->boot);
   rma_destroy(comm);

@@ -107,6 +107,8 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
       /* A failure of its own comes first: it is the cause, while a peer
        * that has exited may only have seen it first. */
       ncclResult_t r = each_conn(w, failed_conn);
+      if (r == ncclSuccess)
+        r = exec_check_waiting(w);
       struct conn *blocked[WORK_MAX_PEERS];
       int nb = exec_waiting_on(w, blocked);
       for (int k = 0; k < nb && r == ncclSuccess; k++)
@@ -120,8 +122,9 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
          * this host their status pages name the one everybody waits on. */
         char wait[LOOM_ERR_LEN - 200];
         exec_describe_wait(w, wait, sizeof wait);
-        if (nb > 0)
-          status_explain_peer(p->comm, blocked[0]->peer, wait, sizeof wait);
+        int peer = nb > 0 ? blocked[0]->peer : exec_waiting_rank(w);
+        if (peer >= 0)
+          status_explain_peer(p->comm, peer, wait, sizeof wait);
         status_log(p->comm);
         char bound[TIMEOUT_NAME_LEN];
         r = err_set(ncclRemoteError, "timed out after %s with no progress while waiting for %s",
@@ -284,8 +287,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
     w->seq = seq;
     w->src = t->sendbuff;
     w->dst = t->recvbuff;
-    w->step = 0;
-    w->step_off = 0;
+    exec_rewind(w);
     w->next = NULL;
     plan_lane_push(&lane, w);
   } else {

@@ -27,6 +27,7 @@
 #include "topology/topo.h"
 #include "status.h"
 #include "transport/net/net.h"
+#include "transport/shm_arena.h"
 #include "transport/transport.h"
 
 #include <limits.h>
@@ -178,8 +179,10 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
    * step latency, which moves the switch from recursive doubling to rings
    * from 16-32 KiB to 64-128 KiB. Every rank sees the same peers, so all
    * decide alike. */
-  if (comm->is_host && !shm_off && oversubscribed)
+  if (comm->is_host && !shm_off && oversubscribed) {
     in.lat_local *= 2.5;
+    in.lat_barrier *= 2.5;
+  }
   comm->tuner = calloc(1, sizeof *comm->tuner);
   if (!comm->tuner)
     return err_set(ncclSystemError, "out of memory for the communicator's tuner");
@@ -295,6 +298,10 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   rma_signals_connect(comm);
   CHECK(topo_setup_channels(comm));
   CHECK(tune_setup(comm));
+  CHECK(arena_setup(comm));
+  /* Every rank has the arena or none has (arena_setup agrees on it). */
+  comm->tuner->in.flat_ok = comm->arena != NULL;
+  comm->tuner->in.flat_round_bytes = comm->arena ? comm->arena->region : 0;
   if (!comm->is_host) {
     CHECK(cuda_comm_init(comm));
     CHECK(connect_cuda(comm));

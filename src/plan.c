@@ -13,9 +13,11 @@
 #include "comm/comm.h"
 #include "enqueue.h"
 #include "common/dtype.h"
+#include "exec/flat.h"
 #include "exec/host_exec.h"
 #include "misc/utils.h"
 #include "plan.h"
+#include "transport/shm_arena.h"
 #include "transport/transport.h"
 
 #include <stdio.h>
@@ -205,6 +207,25 @@ static ncclResult_t plan_rd(struct comm_plan *p, struct task *t, uint64_t seq, i
   return ncclSuccess;
 }
 
+/* A flat AllReduce: one work on the first lane, in call order with the
+ * collectives of every other algorithm. */
+static ncclResult_t plan_flat(struct comm_plan *p, struct task *t, uint64_t seq) {
+  struct ncclComm *comm = p->comm;
+  if (!comm->arena || !comm->is_host || t->coll != COLL_ALLREDUCE)
+    return err_set(ncclInternalError, "rank %d: the tuner chose Flat for %s on a communicator that cannot run it",
+                   comm->rank, coll_name(t->coll));
+  struct work *w;
+  CHECK(new_work(comm, t, seq, &w));
+  size_t bytes = t->count * w->esize, align = LOOM_MAX((size_t)1, 64 / w->esize);
+  w->flat.on = 1;
+  w->flat.whole = bytes <= FLAT_WHOLE_MAX;
+  w->flat.per_round = w->flat.whole ? t->count : comm->arena->region / w->esize / align * align;
+  w->flat.nrounds = (t->count + w->flat.per_round - 1) / w->flat.per_round;
+  w->piece = 0;
+  plan_lane_push(&p->lanes[0], w);
+  return ncclSuccess;
+}
+
 /* The first collective sets up the connections of every collective
  * algorithm at once: ranks whose calls differ (a mistake, or the tuner
  * choosing differently for different calls) then still meet on
@@ -318,6 +339,7 @@ ncclResult_t plan_algo(struct comm_plan *p, struct task *t, uint64_t seq, int al
   switch (algo) {
   case ALGO_TREE: return plan_tree(p, t, seq, nch, proto);
   case ALGO_RD: return plan_rd(p, t, seq, proto);
+  case ALGO_FLAT: return plan_flat(p, t, seq);
   default: return plan_ring(p, t, seq, nch, proto);
   }
 }

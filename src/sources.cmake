@@ -13,7 +13,7 @@ set(LOOM_SOURCES
   # the communicator's struct and primitives
   src/comm/comm.c src/comm/comm_peers.c src/comm/comm_slots.c
   # transports and the network plugins
-  src/transport/transport.c src/transport/p2p.c src/transport/shm.c src/transport/shm_seg.c
+  src/transport/transport.c src/transport/p2p.c src/transport/shm.c src/transport/shm_seg.c src/transport/shm_arena.c
   src/transport/net/net.c src/transport/net/net_gdr.c
   src/transport/net/socket/net_socket.c src/transport/net/socket/net_socket_thread.c
   src/transport/net/ib/net_ib.c src/transport/net/ib/net_ib_conn.c src/transport/net/ib/net_ib_hca.c
@@ -21,7 +21,7 @@ set(LOOM_SOURCES
   src/transport/net/ext/net_ext.c src/transport/net/ext/net_ext_v8.c src/transport/net/ext/net_ext_v9.c
   src/transport/net/ext/net_ext_v10.c
   # execution (the CUDA executor is added where the build has CUDA)
-  src/exec/host_exec.c src/exec/reduce.c src/exec/sched.c src/exec/slot.c
+  src/exec/host_exec.c src/exec/flat.c src/exec/reduce.c src/exec/sched.c src/exec/slot.c
   # topology
   src/topology/discover.c src/topology/graph.c src/topology/nvml.c src/topology/search.c src/topology/topo.c
   src/topology/topo_xml.c src/topology/xml.c

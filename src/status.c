@@ -231,7 +231,7 @@ void status_waiting(struct ncclComm *comm, const struct work *w, uint64_t since_
   char what[sizeof r->wait];
   exec_describe_wait(w, what, sizeof what);
   rec_begin(r);
-  r->wait_peer = nb > 0 ? blocked[0]->peer : -1;
+  r->wait_peer = nb > 0 ? blocked[0]->peer : exec_waiting_rank(w);
   r->wait_since_ns = since_ns;
   memcpy(r->wait, what, sizeof what);
   rec_end(r);

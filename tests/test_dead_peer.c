@@ -130,6 +130,22 @@ TEST_IMPL(stuck_peer_timeout_socket) {
   return dead_peer_run(&cfg, 10);
 }
 
+/* The same at the arena's barriers (flat AllReduce): the others find the
+ * killed rank by its exit, and the stopped one by the timeout, which
+ * names it as the rank that never reached the barrier. */
+TEST_IMPL(dead_peer_flat) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  struct dead_cfg cfg = {0};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(stuck_peer_timeout_flat) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "2", 1);
+  struct dead_cfg cfg = {.stop = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
 /* A rank that dies after init, before the first collective: the others
  * are still setting up connections over the bootstrap when they need it,
  * and even on another host (no pidfd) its closed bootstrap port says it

@@ -81,7 +81,7 @@ TEST_IMPL(unit_tuner_env) {
   ASSERT_OK(tuner_parse_algo("Ring", m, COLL_COUNT));
   ASSERT(m[COLL_ALLREDUCE] == 1u << ALGO_RING);
   ASSERT_OK(tuner_parse_algo("^Tree", m, COLL_COUNT));
-  ASSERT(m[COLL_ALLREDUCE] == ((1u << ALGO_RING) | (1u << ALGO_RD)));
+  ASSERT(m[COLL_ALLREDUCE] == ((1u << ALGO_RING) | (1u << ALGO_RD) | (1u << ALGO_FLAT)));
   ASSERT_OK(tuner_parse_algo("tree,RING", m, COLL_COUNT));
   ASSERT(m[COLL_ALLREDUCE] == ((1u << ALGO_RING) | (1u << ALGO_TREE)));
   ASSERT_OK(tuner_parse_algo("allreduce:tree;broadcast:ring", m, COLL_COUNT));

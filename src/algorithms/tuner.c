@@ -2,20 +2,21 @@
 #include "core.h"
 #include "algorithms/tuner.h"
 #include "common/coll.h"
+#include "exec/flat.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
-static const char *algo_names[ALGO_COUNT] = {"Ring", "Tree", "RecursiveDoubling"};
+static const char *algo_names[ALGO_COUNT] = {"Ring", "Tree", "RecursiveDoubling", "Flat"};
 
 const char *algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
 
-/* What each collective can run: AllReduce all three, the others rings. */
+/* What each collective can run: AllReduce all four, the others rings. */
 static unsigned implemented(enum coll_kind coll) {
   if (coll == COLL_ALLREDUCE)
-    return (1u << ALGO_RING) | (1u << ALGO_TREE) | (1u << ALGO_RD);
+    return (1u << ALGO_RING) | (1u << ALGO_TREE) | (1u << ALGO_RD) | (1u << ALGO_FLAT);
   return 1u << ALGO_RING;
 }
 
@@ -57,7 +58,7 @@ static ncclResult_t parse_list(const char *spec, const char *list, unsigned *mas
     if (a == -2)
       return err_set(ncclInvalidArgument,
                      "NCCL_ALGO=%s: unknown algorithm \"%s\" (NCCL's names are Ring, Tree, CollnetDirect, "
-                     "CollnetChain, NVLS, NVLSTree, PAT; Loom also has RecursiveDoubling)",
+                     "CollnetChain, NVLS, NVLSTree, PAT; Loom also has RecursiveDoubling and Flat)",
                      spec, tok);
     if (a >= 0)
       m |= 1u << a;
@@ -173,6 +174,8 @@ void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_pe
    * takes over small calls on NVLink. */
   in->ll_ok = gpu && nhosts == 1 && !shm_disabled;
   in->ll_max_bytes = (size_t)64 << 10;
+  in->lat_barrier = in->lat_local;
+  in->bw_flat = in->bw_local;
 }
 
 ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in) {
@@ -218,6 +221,16 @@ double tuner_estimate(const struct tune_input *in, enum coll_kind coll, int algo
     /* Each exchange moves the whole buffer, and sends before it reduces. */
     return exchanges * (lat + 1.5 * B / bw);
   }
+  case ALGO_FLAT: {
+    if (!in->flat_ok || net || in->flat_round_bytes == 0)
+      return INFINITY;
+    /* One barrier, then every rank reads all n inputs; or per round two
+     * barriers, a copy in, the slice's reduction and a copy out. */
+    if (bytes <= FLAT_WHOLE_MAX)
+      return in->lat_barrier + (n + 1) * B / in->bw_flat;
+    double rounds = ceil(B / (double)in->flat_round_bytes);
+    return 2 * rounds * in->lat_barrier + 3 * B / in->bw_flat;
+  }
   }
   return INFINITY;
 }
@@ -247,13 +260,14 @@ ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int 
       t->fell_back |= 1u << coll;
       INFO(LOG_TUNING, "NCCL_ALGO=%s leaves %s of %zu bytes no algorithm Loom has for it (%s); it runs as Ring",
            param_str(P_ALGO), coll_name(coll), bytes,
-           coll == COLL_ALLREDUCE ? "Ring, Tree, RecursiveDoubling up to a FIFO's size" : "Ring");
+           coll == COLL_ALLREDUCE ? "Ring, Tree, RecursiveDoubling up to a FIFO's size, Flat where one host's ranks "
+                                    "share an arena" : "Ring");
     }
   }
   /* Small calls on one channel; large ones spread over every channel,
    * each with at least half a megabyte. */
   int nch = (int)LOOM_MIN((size_t)t->in.nchannels, LOOM_MAX((size_t)1, bytes / (512u << 10)));
-  if (best == ALGO_RD)
+  if (best == ALGO_RD || best == ALGO_FLAT)
     nch = 1;
   int cls = 0;
   while ((1ull << (cls + 1)) <= bytes && cls < 63)
@@ -261,9 +275,9 @@ ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int 
   if ((int)coll >= 0 && coll < COLL_COUNT && !(t->logged[coll] & (1ull << cls))) {
     t->logged[coll] |= 1ull << cls;
     INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d): %s, %s, %d channel(s); model %.1f us (Ring %.1f, Tree "
-         "%.1f, RecursiveDoubling %.1f)",
+         "%.1f, RecursiveDoubling %.1f, Flat %.1f)",
          coll_name(coll), bytes, cls, algo_name(best), proto_name(tuner_proto(t, coll, best, bytes)), nch, best_t * 1e6,
-         times[ALGO_RING] * 1e6, times[ALGO_TREE] * 1e6, times[ALGO_RD] * 1e6);
+         times[ALGO_RING] * 1e6, times[ALGO_TREE] * 1e6, times[ALGO_RD] * 1e6, times[ALGO_FLAT] * 1e6);
   }
   *algo = best;
   *nchannels = nch;

@@ -15,7 +15,8 @@
 #include "common/coll.h"
 #include "transport/slot_hdr.h"
 
-enum algo { ALGO_RING = 0, ALGO_TREE = 1, ALGO_RD = 2, ALGO_COUNT };
+/* ALGO_FLAT: on the host's arena (exec/flat.h), host ranks of one host. */
+enum algo { ALGO_RING = 0, ALGO_TREE = 1, ALGO_RD = 2, ALGO_FLAT = 3, ALGO_COUNT };
 
 const char *algo_name(int algo);
 
@@ -31,6 +32,10 @@ struct tune_input {
   size_t rd_max_bytes; /* recursive doubling sends before it receives: what fits in a FIFO */
   int ll_ok;           /* the LL protocol can run: CUDA ranks on one host, shm (and p2p) connections */
   size_t ll_max_bytes; /* the largest call LL takes by default */
+  int flat_ok;         /* the ranks share an arena (set after tuner_shape, once it exists) */
+  double lat_barrier;  /* seconds per barrier of every rank on the arena */
+  double bw_flat;      /* bytes/s of a flat round's copies, per rank */
+  size_t flat_round_bytes; /* what a flat round moves per rank (the arena's region) */
 };
 
 /* Protocol bits of NCCL_PROTO (enum loom_proto's). */

@@ -22,6 +22,7 @@ struct call_desc;
 struct tuner;
 struct rma_state;
 struct suspend_state;
+struct shm_arena;
 
 #define COMM_MAGIC 0x4c6f6f6d436f6d6dull /* "LoomComm" */
 
@@ -119,6 +120,9 @@ struct ncclComm {
   /* Windows and one-sided signals (rma.h), made at the first
    * ncclCommWindowRegister; NULL until then. */
   struct rma_state *rma;
+  /* The shared memory every rank of a one-host host communicator maps,
+   * for the flat collectives (transport/shm_arena.h); NULL if none. */
+  struct shm_arena *arena;
 
   struct user_op *user_ops;
   int n_user_ops;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "comm/comm.h"
+#include "exec/flat.h"
 #include "exec/host_exec.h"
 #include "exec/slot.h"
 #include "exec/reduce.h"
@@ -190,6 +191,8 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
 }
 
 ncclResult_t exec_progress(struct work *w, int *moved, int *done) {
+  if (w->flat.on)
+    return flat_progress(w, moved, done);
   *done = 0;
   while (w->step < w->sched.nsteps) {
     /* Steps are expanded as they are reached; the ones clipping left
@@ -244,6 +247,8 @@ int exec_flushed(const struct work *w) {
 }
 
 int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
+  if (w->flat.on)
+    return flat_sleep_target(w, counter, seen, sleepers);
   struct step cur;
   uint64_t k;
   if (!current_step(w, &cur, &k)) {
@@ -307,6 +312,10 @@ int exec_waiting_on(const struct work *w, struct conn **out) {
 }
 
 void exec_describe_wait(const struct work *w, char *buf, size_t len) {
+  if (w->flat.on) {
+    flat_describe_wait(w, buf, len);
+    return;
+  }
   struct step cur;
   uint64_t k;
   if (!current_step(w, &cur, &k)) {
@@ -330,3 +339,7 @@ void exec_describe_wait(const struct work *w, char *buf, size_t len) {
            c ? c->comm->peers[c->peer].hostname : "?", (unsigned long long)k + 1,
            (unsigned long long)w->sched.nsteps, step_name(st->kind), (unsigned long long)(c ? c->step : 0));
 }
+
+int exec_waiting_rank(const struct work *w) { return w->flat.on ? flat_waiting_rank(w) : -1; }
+
+ncclResult_t exec_check_waiting(const struct work *w) { return w->flat.on ? flat_check(w) : ncclSuccess; }

@@ -37,6 +37,16 @@ struct work {
   uint64_t cur_at;
   struct step cur;
   uint64_t seq;      /* the collective's number on its communicator */
+  /* A flat collective (exec/flat.h) runs on the host's arena instead of
+   * steps; where it is, round by round. */
+  struct {
+    int on;
+    int whole;          /* every rank reduces the whole buffer after one barrier */
+    int state;          /* enum flat_state (flat.c) */
+    uint64_t round, nrounds;
+    uint64_t per_round; /* elements of a round */
+    uint64_t use, bar;  /* the arena round and barrier it is at */
+  } flat;
   struct work *next;
   /* What the schedule was built for, when enqueue_single may reuse it
    * (coll + 1; 0: not reusable). */
@@ -51,6 +61,15 @@ struct work {
 struct lane {
   struct work *head, *tail;
 };
+
+/* A work taken back for a call of the same shape starts again from its
+ * first step or round. */
+static inline void exec_rewind(struct work *w) {
+  w->step = 0;
+  w->step_off = 0;
+  w->flat.state = 0;
+  w->flat.round = 0;
+}
 
 /* Moves what can be moved now. *moved tells whether anything did; *done
  * whether the work has finished all its steps (net sends may still be
@@ -70,6 +89,14 @@ int exec_waiting_on(const struct work *w, struct conn **out);
  * sleeper count. 0 where the work waits on something it cannot sleep on
  * (its own network progress, a GPU) or is not blocked on one FIFO. */
 int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers);
+
+/* The rank the work waits for where no connection names it (a flat
+ * collective's barrier), else -1. */
+int exec_waiting_rank(const struct work *w);
+
+/* While nothing moves: the error of a rank the work waits for without a
+ * connection (a flat collective's barrier) that failed or exited. */
+ncclResult_t exec_check_waiting(const struct work *w);
 
 /* A sentence fragment saying what the work waits for, for timeouts. */
 void exec_describe_wait(const struct work *w, char *buf, size_t len);

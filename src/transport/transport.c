@@ -9,6 +9,7 @@
 #include "comm/comm.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "transport/shm_arena.h"
 #include "transport/transport.h"
 
 #include <stdlib.h>
@@ -254,6 +255,7 @@ static void poison_conn(struct conn *c, void *why) {
 
 void transport_poison_conns(struct ncclComm *comm, const char *why) {
   transport_each_conn(comm, poison_conn, (void *)why);
+  arena_poison(comm, why);
 }
 
 ncclResult_t transport_peer_failed(struct conn *c, const char *why) {

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "core.h"
+#include "comm/comm.h"
+#include "exec/flat.h"
+#include "exec/host_exec.h"
+#include "exec/reduce.h"
+#include "exec/slot.h"
+#include "transport/shm_arena.h"
+
+#include <stdio.h>
+#include <string.h>
+
+enum flat_state { FLAT_WRITE = 0, FLAT_REDUCE = 1, FLAT_GATHER = 2, FLAT_DONE = 3 };
+
+/* A slice's reduction goes through the ranks' regions this much at a
+ * time, so that the partial result stays in the core's cache. */
+#define FLAT_BLOCK (16u << 10)
+
+/* Rank r's slice of a round of `len` elements: [*lo, *hi), cut at
+ * multiples of 64 bytes so that no two ranks write one cache line. */
+static void slice_of(const struct work *w, uint64_t len, int r, uint64_t *lo, uint64_t *hi) {
+  uint64_t n = (uint64_t)w->comm->nranks, align = LOOM_MAX((uint64_t)1, 64 / w->esize);
+  uint64_t per = (len + n - 1) / n;
+  per = (per + align - 1) / align * align;
+  *lo = LOOM_MIN(len, per * (uint64_t)r);
+  *hi = LOOM_MIN(len, *lo + per);
+}
+
+static void round_range(const struct work *w, uint64_t *off, uint64_t *len) {
+  *off = w->flat.round * w->flat.per_round;
+  *len = LOOM_MIN(w->flat.per_round, w->task->count - *off);
+}
+
+/* The local input enters the arena with PreMulSum's scalar applied, the
+ * one thing about a reduction that differs between ranks. */
+static void write_input(const struct work *w, char *to, const char *from, uint64_t n) {
+  const struct red_op *op = &w->task->red;
+  if (n == 0)
+    return;
+  if (op->premul)
+    red_copy(op, to, NULL, from, n, 0);
+  else
+    memcpy(to, from, n * w->esize);
+}
+
+static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a) {
+  struct slot_hdr want;
+  slot_expect(w->task, w->seq, &want);
+  for (int r = 0; r < a->nranks; r++) {
+    if (r == a->me)
+      continue;
+    const struct slot_hdr *got = &a->ranks[r].hdr[w->flat.use & 1];
+    if (!slot_matches(&want, got, 1))
+      return slot_mismatch(&want, got, a->me, r, 1);
+  }
+  return ncclSuccess;
+}
+
+static void write_round(struct work *w, struct shm_arena *a) {
+  uint64_t off, len, lo, hi;
+  round_range(w, &off, &len);
+  w->flat.use = a->use++;
+  char *mine = arena_region(a, w->flat.use, a->me);
+  const char *src = w->src + off * w->esize;
+  if (w->flat.whole) {
+    write_input(w, mine, src, len);
+  } else {
+    /* This rank's own slice it reads from its input. */
+    slice_of(w, len, a->me, &lo, &hi);
+    write_input(w, mine, src, lo);
+    write_input(w, mine + hi * w->esize, src + hi * w->esize, len - hi);
+  }
+  if (w->flat.round == 0) {
+    struct slot_hdr *h = &a->ranks[a->me].hdr[w->flat.use & 1];
+    slot_mine(w->task, w->seq, a->me, h);
+    h->bytes = 0;
+  }
+  w->flat.bar = arena_arrive(a);
+}
+
+/* Every rank's data reduced in rank order into the output: each rank
+ * computes the same values. */
+static void reduce_whole(struct work *w, const struct shm_arena *a, const struct red_op *partial) {
+  uint64_t off, len;
+  round_range(w, &off, &len);
+  char *dst = w->dst + off * w->esize;
+  memcpy(dst, arena_region(a, w->flat.use, 0), len * w->esize);
+  for (int r = 1; r < a->nranks; r++)
+    red_reduce(partial, dst, NULL, dst, arena_region(a, w->flat.use, r), len, r == a->nranks - 1);
+}
+
+/* This rank's slice: its own input first (from its buffer: in place, the
+ * output is the input), then the others' in rank order, the last step
+ * writing the result into the output and this rank's region at once. */
+static void reduce_slice(struct work *w, const struct shm_arena *a, const struct red_op *partial) {
+  uint64_t off, len, lo, hi;
+  round_range(w, &off, &len);
+  slice_of(w, len, a->me, &lo, &hi);
+  int last = a->me == a->nranks - 1 ? a->nranks - 2 : a->nranks - 1;
+  uint64_t block = LOOM_MAX((uint64_t)1, FLAT_BLOCK / w->esize);
+  for (uint64_t b = lo; b < hi; b += block) {
+    uint64_t n = LOOM_MIN(block, hi - b);
+    char *dst = w->dst + (off + b) * w->esize;
+    red_copy(&w->task->red, dst, NULL, w->src + (off + b) * w->esize, n, 0);
+    for (int r = 0; r < a->nranks; r++) {
+      if (r == a->me)
+        continue;
+      char *res = r == last ? arena_region(a, w->flat.use, a->me) + b * w->esize : NULL;
+      red_reduce(partial, dst, res, dst, arena_region(a, w->flat.use, r) + b * w->esize, n, r == last);
+    }
+  }
+}
+
+static void gather_slices(struct work *w, const struct shm_arena *a) {
+  uint64_t off, len, lo, hi;
+  round_range(w, &off, &len);
+  for (int r = 0; r < a->nranks; r++) {
+    slice_of(w, len, r, &lo, &hi);
+    if (r != a->me && hi > lo)
+      memcpy(w->dst + (off + lo) * w->esize, arena_region(a, w->flat.use, r) + lo * w->esize, (hi - lo) * w->esize);
+  }
+}
+
+ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
+  struct ncclComm *comm = w->comm;
+  struct shm_arena *a = comm->arena;
+  *done = 0;
+  if (!a)
+    return err_set(ncclInternalError, "rank %d: a flat collective was planned on a communicator without an arena",
+                   comm->rank);
+  /* The others' data had PreMulSum applied by their ranks. */
+  struct red_op partial = w->task->red;
+  partial.premul = 0;
+  for (;;) {
+    switch (w->flat.state) {
+    case FLAT_WRITE:
+      write_round(w, a);
+      w->flat.state = FLAT_REDUCE;
+      *moved = 1;
+      break;
+    case FLAT_REDUCE:
+      if (!arena_passed(a, w->flat.bar))
+        return arena_check(comm, w->flat.bar, 0);
+      if (w->flat.round == 0)
+        CHECK(check_calls(w, a));
+      if (w->flat.whole) {
+        reduce_whole(w, a, &partial);
+        w->flat.state = FLAT_DONE;
+        break;
+      }
+      reduce_slice(w, a, &partial);
+      w->flat.bar = arena_arrive(a);
+      w->flat.state = FLAT_GATHER;
+      *moved = 1;
+      break;
+    case FLAT_GATHER:
+      if (!arena_passed(a, w->flat.bar))
+        return arena_check(comm, w->flat.bar, 0);
+      gather_slices(w, a);
+      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      *moved = 1;
+      break;
+    default:
+      *moved = 1;
+      *done = 1;
+      return ncclSuccess;
+    }
+  }
+}
+
+static int blocked(const struct work *w) {
+  const struct shm_arena *a = w->comm->arena;
+  return a && (w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER) && !arena_passed(a, w->flat.bar);
+}
+
+int flat_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
+  if (!blocked(w))
+    return 0;
+  struct arena_head *h = w->comm->arena->head;
+  *counter = &h->gen;
+  *seen = w->flat.bar; /* all earlier barriers are passed: gen is exactly this while blocked */
+  *sleepers = &h->sleepers;
+  return 1;
+}
+
+ncclResult_t flat_check(const struct work *w) {
+  return blocked(w) ? arena_check(w->comm, w->flat.bar, 1) : ncclSuccess;
+}
+
+int flat_waiting_rank(const struct work *w) {
+  char buf[8];
+  return blocked(w) ? arena_missing(w->comm->arena, w->flat.bar, buf, sizeof buf) : -1;
+}
+
+void flat_describe_wait(const struct work *w, char *buf, size_t len) {
+  if (!blocked(w)) {
+    snprintf(buf, len, "nothing (the flat collective is not blocked)");
+    return;
+  }
+  char missing[160];
+  arena_missing(w->comm->arena, w->flat.bar, missing, sizeof missing);
+  snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat %s)", missing,
+           w->flat.state == FLAT_REDUCE ? "before" : "after", (unsigned long long)w->flat.round + 1,
+           (unsigned long long)w->flat.nrounds, w->flat.whole ? "whole reduction" : "slice reduction");
+}

@@ -1,0 +1,43 @@
+/*
+ * Flat collectives on the host's arena (transport/shm_arena.h), for host
+ * communicators whose ranks are all on one host. An AllReduce of a few
+ * KiB: every rank writes its input into its region, and after one
+ * barrier reduces all of them, in rank order, into its output. Larger
+ * ones go in rounds of a region each: every rank writes its input, and
+ * after a barrier reduces its own slice of everyone's into its output
+ * and its region; after a second barrier it copies the other slices'
+ * results. Two barriers per round, against a ring's 2(n-1) hand-offs,
+ * each of which waits for one more rank to be scheduled.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_FLAT_H
+#define LOOM_FLAT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+
+struct work;
+
+/* The largest AllReduce, in bytes, that every rank reduces whole after
+ * one barrier; above it, each rank reduces its slice. */
+#define FLAT_WHOLE_MAX 4096
+
+/* As exec_progress, for a work with w->flat.on. */
+ncclResult_t flat_progress(struct work *w, int *moved, int *done);
+
+/* As exec_sleep_target: the arena's generation while blocked. */
+int flat_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers);
+
+/* While nothing moves: the error if a rank failed or exited before the
+ * barrier this work waits at. */
+ncclResult_t flat_check(const struct work *w);
+
+/* The first rank that has not reached the barrier, -1 if none. */
+int flat_waiting_rank(const struct work *w);
+
+void flat_describe_wait(const struct work *w, char *buf, size_t len);
+
+#endif

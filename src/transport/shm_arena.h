@@ -1,0 +1,94 @@
+/*
+ * The host's arena: one shared-memory segment that every rank of a host
+ * communicator maps when all its ranks are on one host, for the flat
+ * algorithms (exec/flat.c). Each rank owns a region per buffer to write
+ * its data in, a line to say which barrier it reached and the header of
+ * its call; a barrier is one shared count that the last rank to arrive
+ * turns into a new generation, waking the ranks asleep on it. A ring
+ * pays n-1 hand-offs per half of an AllReduce, each waiting for the next
+ * rank to be scheduled; a barrier waits for all of them at once.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef LOOM_SHM_ARENA_H
+#define LOOM_SHM_ARENA_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "transport/slot_hdr.h"
+
+struct ncclComm;
+
+/* A barrier of more ranks than this costs more than a tree's steps. */
+#define ARENA_MAX_RANKS 64
+
+struct arena_rank {
+  _Atomic uint64_t arrived;   /* barriers this rank has reached */
+  uint64_t pad[7];
+  struct slot_hdr hdr[2];     /* its call, per buffer */
+};
+
+struct arena_head {
+  uint64_t magic;
+  uint32_t nranks, pad0;
+  uint64_t region;            /* bytes of each rank's region in each buffer */
+  uint64_t pad1[5];
+  _Atomic uint64_t total;     /* arrivals at barriers, all ranks together */
+  uint64_t pad2[7];
+  _Atomic uint64_t gen;       /* barriers completed (futex on its low word) */
+  _Atomic uint32_t sleepers;  /* ranks asleep on gen */
+  _Atomic int32_t failed;     /* 1 + the first rank that failed, 0: none */
+  char why[1024];             /* that rank's sentence ("" for an abort) */
+};
+
+/* A rank's view of the arena; the counters are its own, moved alike by
+ * every rank since all make the same calls. */
+struct shm_arena {
+  struct arena_head *head;
+  struct arena_rank *ranks;
+  char *data;                 /* 2 buffers x nranks regions */
+  size_t region, map_size;
+  int nranks, me;
+  uint64_t bar;               /* barriers this rank has entered */
+  uint64_t use;               /* rounds of data this rank has written */
+};
+
+/* Sets up comm->arena where every rank is on one host, a host
+ * communicator, shared memory allowed and LOOM_SHM_FLAT on every rank:
+ * rank 0 makes the segment, the others map it, and all agree that all
+ * could. Where one cannot, nobody uses it (the SHM log says why) and the
+ * call still succeeds: the other algorithms remain. Collective: every
+ * rank calls it at the same point of init. */
+ncclResult_t arena_setup(struct ncclComm *comm);
+
+/* Unmaps it (comm_destroy). */
+void arena_free(struct ncclComm *comm);
+
+/* This rank failed: the others waiting at a barrier stop with `why`
+ * (NULL for an abort). The first failure is the one they quote. */
+void arena_poison(struct ncclComm *comm, const char *why);
+
+static inline char *arena_region(const struct shm_arena *a, uint64_t use, int rank) {
+  return a->data + ((use & 1) * (size_t)a->nranks + (size_t)rank) * a->region;
+}
+
+/* Enters the next barrier (after this rank's writes for it) and returns
+ * its number; never blocks. */
+uint64_t arena_arrive(struct shm_arena *a);
+
+static inline int arena_passed(const struct shm_arena *a, uint64_t b) {
+  return atomic_load_explicit(&a->head->gen, memory_order_acquire) > b;
+}
+
+/* While blocked at barrier b: the error if a rank failed, or has exited
+ * before reaching it; ncclSuccess otherwise. `check_alive` asks the
+ * process table too (slower: the periodic check). */
+ncclResult_t arena_check(struct ncclComm *comm, uint64_t b, int check_alive);
+
+/* The ranks that have not reached barrier b, as "3, 5" (the first, or -1,
+ * returned). */
+int arena_missing(const struct shm_arena *a, uint64_t b, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * Flat AllReduce on the host's arena (src/exec/flat.c): the collective
+ * matrix's AllReduces with the algorithm forced, on 2, 3, 5 and 8 ranks
+ * as processes and on ranks as threads of one process driven by one
+ * thread; each rank's log must show the arena and the Flat choice, so a
+ * silent fall back to rings fails. Then what must not go wrong: calls
+ * that differ between ranks are named, a rank that sets LOOM_SHM_FLAT=0
+ * turns the arena off for everyone, and a rank that dies or stops at a
+ * barrier is named by the others.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coll_matrix.h"
+#include "harness.h"
+#include "loom.h"
+#include "nccl.h"
+#include "test.h"
+
+/* Each rank's log, one file per process. */
+static void flat_log(void) {
+  char file[160];
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "SHM,TUNING", 1);
+  snprintf(file, sizeof file, "/tmp/loom-flat-%d-%%p.log", (int)getpid());
+  setenv("NCCL_DEBUG_FILE", file, 1);
+}
+
+static int log_count(const char *want) {
+  char path[200], line[4096];
+  snprintf(path, sizeof path, "/tmp/loom-flat-%d-%d.log", (int)getppid(), (int)getpid());
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, want) != NULL;
+  fclose(f);
+  return n;
+}
+
+static void log_remove(void) {
+  char path[200];
+  snprintf(path, sizeof path, "/tmp/loom-flat-%d-%d.log", (int)getppid(), (int)getpid());
+  unlink(path);
+}
+
+static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  int calls = 0;
+  if (coll_matrix(comm, rank, n, &calls))
+    return 1;
+  RCHECK(comm, ncclCommDestroy(comm));
+  int arena = log_count("ranks share an arena of"), flat = log_count(": Flat,");
+  log_remove();
+  RASSERT(arena == 1, "rank %d: the log says %d time(s) that the ranks share an arena", rank, arena);
+  RASSERT(flat >= 3, "rank %d: the tuner chose Flat for %d size classes", rank, flat);
+  if (rank == 0)
+    printf("%d ranks: %d AllReduce calls checked on the arena\n", n, calls);
+  return 0;
+}
+
+static int matrix_test(int n) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TEST_ALLREDUCE_ONLY", "1", 1);
+  flat_log();
+  return run_ranks(n, matrix_rank, NULL);
+}
+
+TEST_IMPL(flat_shm_2) { return matrix_test(2); }
+TEST_IMPL(flat_shm_3) { return matrix_test(3); }
+TEST_IMPL(flat_shm_5) { return matrix_test(5); }
+TEST_IMPL(flat_shm_8) { return matrix_test(8); }
+
+/* Ranks as threads of one process: the arena's descriptor is shared
+ * rather than taken from another process, and one thread drives every
+ * rank's calls in one group, so that a barrier must never block it. */
+TEST_IMPL(flat_threads_one_driver) {
+  enum { N = 4, COUNT = 300000 }; /* 1.2 MB: two rounds of the arena */
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  ncclComm_t comms[N];
+  ASSERT_OK(ncclCommInitAll(comms, N, NULL));
+  float *buf[N];
+  for (int r = 0; r < N; r++) {
+    buf[r] = malloc(sizeof(float) * COUNT);
+    ASSERT(buf[r] != NULL);
+  }
+  for (int round = 0; round < 3; round++) {
+    size_t count = round == 0 ? 5 : round == 1 ? 4099 : COUNT;
+    for (int r = 0; r < N; r++)
+      for (size_t i = 0; i < count; i++)
+        buf[r][i] = (float)((r + 1) * (int)(i % 97));
+    ASSERT_OK(ncclGroupStart());
+    for (int r = 0; r < N; r++)
+      ASSERT_OK(ncclAllReduce(buf[r], buf[r], count, ncclFloat, ncclSum, comms[r], NULL));
+    ASSERT_OK(ncclGroupEnd());
+    for (int r = 0; r < N; r++)
+      for (size_t i = 0; i < count; i++)
+        ASSERT_MSG(buf[r][i] == (float)(10 * (int)(i % 97)), "count %zu: rank %d element %zu is %g", count, r, i,
+                   buf[r][i]);
+  }
+  for (int r = 0; r < N; r++) {
+    ASSERT_OK(ncclCommDestroy(comms[r]));
+    free(buf[r]);
+  }
+  return 0;
+}
+
+/* Calls that differ: each rank names the difference instead of reducing
+ * what does not belong together. */
+static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  const char *what = arg;
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float buf[1024] = {0};
+  RCHECK(comm, ncclAllReduce(buf, buf, 64, ncclFloat, ncclSum, comm, NULL));
+  size_t count = 64;
+  ncclRedOp_t op = ncclSum;
+  if (rank == 1 && strcmp(what, "count") == 0)
+    count = 65;
+  if (rank == 1 && strcmp(what, "op") == 0)
+    op = ncclMax;
+  for (int i = 0; i < 64; i++)
+    buf[i] = 1.0f;
+  ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat, op, comm, NULL);
+  char msg[4096];
+  snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
+  fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
+  RASSERT(r == ncclInvalidUsage || r == ncclRemoteError, "rank %d: the mismatched call returned %d", rank, (int)r);
+  RASSERT(strstr(msg, strcmp(what, "count") == 0 ? "count 65" : "max") != NULL,
+          "rank %d: the message does not name the difference: %s", rank, msg);
+  /* Nothing of the others' data was reduced into the output. */
+  for (int i = 0; i < 64; i++)
+    RASSERT(buf[i] == 1.0f, "rank %d: element %d became %g", rank, i, buf[i]);
+  ncclCommAbort(comm);
+  return 0;
+}
+
+TEST_IMPL(flat_mismatch_count) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "20", 1);
+  return run_ranks(3, mismatch_rank, "count");
+}
+
+TEST_IMPL(flat_mismatch_op) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "20", 1);
+  return run_ranks(3, mismatch_rank, "op");
+}
+
+/* One rank without the arena (LOOM_SHM_FLAT=0): nobody uses it, and the
+ * forced algorithm falls back to rings with the right results. */
+static int one_off_setup(int rank, void *arg) {
+  if (rank == 2)
+    setenv("LOOM_SHM_FLAT", "0", 1);
+  return 0;
+}
+
+static int one_off_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float buf[4096];
+  for (int i = 0; i < 4096; i++)
+    buf[i] = (float)(rank + i % 5);
+  RCHECK(comm, ncclAllReduce(buf, buf, 4096, ncclFloat, ncclSum, comm, NULL));
+  for (int i = 0; i < 4096; i++)
+    RASSERT(buf[i] == (float)(3 + 3 * (i % 5)), "rank %d: element %d is %g", rank, i, buf[i]);
+  RCHECK(comm, ncclCommDestroy(comm));
+  int arena = log_count("ranks share an arena of"), flat = log_count(": Flat,");
+  log_remove();
+  RASSERT(arena == 0 && flat == 0, "rank %d: the arena was used (%d, %d) though rank 2 set LOOM_SHM_FLAT=0", rank,
+          arena, flat);
+  return 0;
+}
+
+TEST_IMPL(flat_off_on_one_rank) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  flat_log();
+  harness_set_rank_setup(one_off_setup);
+  return run_ranks(3, one_off_rank, NULL);
+}
