@@ -2,12 +2,13 @@
 """AllReduce algorithm crossovers on this host, measured against the tuner.
 
 For each rank count, runs all_reduce_perf (float32 sum) with each algorithm
-forced through NCCL_ALGO (Ring, Tree, RecursiveDoubling) and once with the
+forced through NCCL_ALGO (Ring, Tree, RecursiveDoubling, Flat) and once with the
 tuner's own choice, round after round, and prints per size the median time
 of each, the fastest, the tuner's pick (from its NCCL_DEBUG_SUBSYS=TUNING
 log) and what the pick costs against the fastest. Recursive doubling only
-runs up to a FIFO's size: above it the forced run falls back to Ring and
-its column says so.
+runs up to a FIFO's size, Flat only where the ranks share an arena (one
+host, shared memory): elsewhere the forced run falls back to Ring and the
+column says so.
 
   perf/crossover.py [--ranks "2 4 8"] [--min 8] [--max 1M] [--rounds 3]
       [--iters 200] [--warmup 20] [--build build-perf] [--out DIR]
@@ -19,8 +20,8 @@ import statistics
 import subprocess
 import sys
 
-ALGOS = [("Ring", "ring"), ("Tree", "tree"), ("RecursiveDoubling", "recursivedoubling")]
-SHORT = {"Ring": "ring", "Tree": "tree", "RecursiveDoubling": "rd"}
+ALGOS = [("Ring", "ring"), ("Tree", "tree"), ("RecursiveDoubling", "recursivedoubling"), ("Flat", "flat")]
+SHORT = {"Ring": "ring", "Tree": "tree", "RecursiveDoubling": "rd", "Flat": "flat"}
 
 
 def size_arg(s):
@@ -98,7 +99,8 @@ def main():
         med = {k: {s: statistics.median(v) for s, v in d.items()} for k, d in samples.items()}
         say()
         say("== %d ranks" % n)
-        say("%8s %9s %9s %9s %9s  %-7s %-7s %6s" % ("size", "ring", "tree", "rd", "auto", "fastest", "tuner", "cost"))
+        say("%8s %9s %9s %9s %9s %9s  %-7s %-7s %6s" % ("size", "ring", "tree", "rd", "flat", "auto", "fastest", "tuner",
+                                                     "cost"))
         wins = []
         for s in sizes:
             # A forced algorithm that cannot run a size (recursive doubling
@@ -110,7 +112,7 @@ def main():
             pick = SHORT.get(picks.get(s, ""), "?")
             auto = med["auto"].get(s)
             cost = auto / valid[best] if auto and valid[best] else float("nan")
-            cells = ["%9.2f" % forced[k] if forced[k] is not None else "%9s" % "-" for k in ("ring", "tree", "rd")]
+            cells = ["%9.2f" % forced[k] if forced[k] is not None else "%9s" % "-" for k in ("ring", "tree", "rd", "flat")]
             say("%8s %s %9.2f  %-7s %-7s %6.2f" % (human(s), " ".join(cells), auto, best, pick, cost))
         measured, tuned = [], []
         for seq, out in ((wins, measured), ([(s, SHORT.get(picks.get(s, ""), "?")) for s in sizes], tuned)):

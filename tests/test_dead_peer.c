@@ -22,6 +22,7 @@ enum { VICTIM = 1, ITERS = 100000, COUNT = 1 << 20, PROPAGATED = 3 };
 struct dead_cfg {
   int stop; /* SIGSTOP instead of SIGKILL */
   int separate_hosts;
+  int small; /* 256 floats a call instead of COUNT */
 };
 
 static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
@@ -43,7 +44,7 @@ static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
   for (it = 0; it < ITERS && r == ncclSuccess; it++) {
     if (rank == VICTIM && it == 2)
       rank_signal('k'); /* the test kills or stops this process now */
-    r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL);
+    r = ncclAllReduce(buf, buf, cfg->small ? 256 : COUNT, ncclFloat, ncclSum, comm, NULL);
   }
   free(buf);
   if (r == ncclSuccess)
@@ -143,6 +144,20 @@ TEST_IMPL(stuck_peer_timeout_flat) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "2", 1);
   struct dead_cfg cfg = {.stop = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+/* Small calls post their data in slots instead of meeting at barriers. */
+TEST_IMPL(dead_peer_flat_small) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  struct dead_cfg cfg = {.small = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(stuck_peer_timeout_flat_small) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "2", 1);
+  struct dead_cfg cfg = {.stop = 1, .small = 1};
   return dead_peer_run(&cfg, 10);
 }
 

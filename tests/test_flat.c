@@ -115,26 +115,29 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   const char *what = arg;
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
-  float buf[1024] = {0};
+  /* 64 floats: posted slots; 5000: a barrier before the slices. */
+  enum { BIG = 5000 };
+  static float buf[BIG + 1];
   RCHECK(comm, ncclAllReduce(buf, buf, 64, ncclFloat, ncclSum, comm, NULL));
-  size_t count = 64;
+  size_t count = strcmp(what, "count_slices") == 0 ? BIG : 64;
   ncclRedOp_t op = ncclSum;
-  if (rank == 1 && strcmp(what, "count") == 0)
-    count = 65;
+  if (rank == 1 && strncmp(what, "count", 5) == 0)
+    count++;
   if (rank == 1 && strcmp(what, "op") == 0)
     op = ncclMax;
-  for (int i = 0; i < 64; i++)
+  for (size_t i = 0; i <= BIG; i++)
     buf[i] = 1.0f;
   ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat, op, comm, NULL);
-  char msg[4096];
+  char msg[4096], name[32];
   snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
   fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
   RASSERT(r == ncclInvalidUsage || r == ncclRemoteError, "rank %d: the mismatched call returned %d", rank, (int)r);
-  RASSERT(strstr(msg, strcmp(what, "count") == 0 ? "count 65" : "max") != NULL,
+  snprintf(name, sizeof name, "count %d", strcmp(what, "count_slices") == 0 ? BIG + 1 : 65);
+  RASSERT(strstr(msg, strcmp(what, "op") == 0 ? "max" : name) != NULL,
           "rank %d: the message does not name the difference: %s", rank, msg);
   /* Nothing of the others' data was reduced into the output. */
-  for (int i = 0; i < 64; i++)
-    RASSERT(buf[i] == 1.0f, "rank %d: element %d became %g", rank, i, buf[i]);
+  for (size_t i = 0; i <= BIG; i++)
+    RASSERT(buf[i] == 1.0f, "rank %d: element %zu became %g", rank, i, buf[i]);
   ncclCommAbort(comm);
   return 0;
 }
@@ -143,6 +146,12 @@ TEST_IMPL(flat_mismatch_count) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "20", 1);
   return run_ranks(3, mismatch_rank, "count");
+}
+
+TEST_IMPL(flat_mismatch_count_slices) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "20", 1);
+  return run_ranks(3, mismatch_rank, "count_slices");
 }
 
 TEST_IMPL(flat_mismatch_op) {

@@ -49,7 +49,8 @@ static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a)
   for (int r = 0; r < a->nranks; r++) {
     if (r == a->me)
       continue;
-    const struct slot_hdr *got = &a->ranks[r].hdr[w->flat.use & 1];
+    const struct arena_rank *x = &a->ranks[r];
+    const struct slot_hdr *got = w->flat.whole ? &x->slot[w->flat.use & 1].hdr : &x->hdr[w->flat.use & 1];
     if (!slot_matches(&want, got, 1))
       return slot_mismatch(&want, got, a->me, r, 1);
   }
@@ -63,13 +64,17 @@ static void write_round(struct work *w, struct shm_arena *a) {
   char *mine = arena_region(a, w->flat.use, a->me);
   const char *src = w->src + off * w->esize;
   if (w->flat.whole) {
-    write_input(w, mine, src, len);
-  } else {
-    /* This rank's own slice it reads from its input. */
-    slice_of(w, len, a->me, &lo, &hi);
-    write_input(w, mine, src, lo);
-    write_input(w, mine + hi * w->esize, src + hi * w->esize, len - hi);
+    struct arena_slot *slot = &a->ranks[a->me].slot[w->flat.use & 1];
+    write_input(w, slot->data, src, len);
+    slot_mine(w->task, w->seq, a->me, &slot->hdr);
+    slot->hdr.bytes = 0;
+    arena_post(a, w->flat.use);
+    return;
   }
+  /* This rank's own slice it reads from its input. */
+  slice_of(w, len, a->me, &lo, &hi);
+  write_input(w, mine, src, lo);
+  write_input(w, mine + hi * w->esize, src + hi * w->esize, len - hi);
   if (w->flat.round == 0) {
     struct slot_hdr *h = &a->ranks[a->me].hdr[w->flat.use & 1];
     slot_mine(w->task, w->seq, a->me, h);
@@ -84,9 +89,10 @@ static void reduce_whole(struct work *w, const struct shm_arena *a, const struct
   uint64_t off, len;
   round_range(w, &off, &len);
   char *dst = w->dst + off * w->esize;
-  memcpy(dst, arena_region(a, w->flat.use, 0), len * w->esize);
+  int p = (int)(w->flat.use & 1);
+  memcpy(dst, a->ranks[0].slot[p].data, len * w->esize);
   for (int r = 1; r < a->nranks; r++)
-    red_reduce(partial, dst, NULL, dst, arena_region(a, w->flat.use, r), len, r == a->nranks - 1);
+    red_reduce(partial, dst, NULL, dst, a->ranks[r].slot[p].data, len, r == a->nranks - 1);
 }
 
 /* This rank's slice: its own input first (from its buffer: in place, the
@@ -121,6 +127,23 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
   }
 }
 
+/* Whether rank r has not yet done what the work waits for: posted its
+ * slot (whole reductions) or reached the barrier. */
+static int missing(const struct work *w, const struct shm_arena *a, int r) {
+  if (w->flat.whole)
+    return r != a->me && !arena_slot_posted(a, r, w->flat.use);
+  return atomic_load_explicit(&a->ranks[r].arrived, memory_order_acquire) <= w->flat.bar;
+}
+
+static int waiting(const struct work *w, const struct shm_arena *a) {
+  if (!w->flat.whole)
+    return !arena_passed(a, w->flat.bar);
+  for (int r = 0; r < a->nranks; r++)
+    if (missing(w, a, r))
+      return 1;
+  return 0;
+}
+
 ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
   struct ncclComm *comm = w->comm;
   struct shm_arena *a = comm->arena;
@@ -139,8 +162,8 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
       *moved = 1;
       break;
     case FLAT_REDUCE:
-      if (!arena_passed(a, w->flat.bar))
-        return arena_check(comm, w->flat.bar, 0);
+      if (waiting(w, a))
+        return arena_failed(comm);
       if (w->flat.round == 0)
         CHECK(check_calls(w, a));
       if (w->flat.whole) {
@@ -154,8 +177,8 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
       *moved = 1;
       break;
     case FLAT_GATHER:
-      if (!arena_passed(a, w->flat.bar))
-        return arena_check(comm, w->flat.bar, 0);
+      if (waiting(w, a))
+        return arena_failed(comm);
       gather_slices(w, a);
       w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
       *moved = 1;
@@ -170,26 +193,66 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
 
 static int blocked(const struct work *w) {
   const struct shm_arena *a = w->comm->arena;
-  return a && (w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER) && !arena_passed(a, w->flat.bar);
+  return a && (w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER) && waiting(w, a);
 }
 
 int flat_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
-  if (!blocked(w))
+  const struct shm_arena *a = w->comm->arena;
+  if (!a || !(w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER))
     return 0;
-  struct arena_head *h = w->comm->arena->head;
+  struct arena_head *h = a->head;
+  if (w->flat.whole) {
+    /* Read before the slots: a post after it moves it. */
+    uint64_t posted = atomic_load(&h->posted);
+    if (!waiting(w, a))
+      return 0;
+    *counter = &h->posted;
+    *seen = posted;
+    *sleepers = &h->posted_sleepers;
+    return 1;
+  }
+  if (!waiting(w, a))
+    return 0;
   *counter = &h->gen;
   *seen = w->flat.bar; /* all earlier barriers are passed: gen is exactly this while blocked */
   *sleepers = &h->sleepers;
   return 1;
 }
 
+/* The ranks the work waits for, as "3, 5"; the first, or -1. */
+static int missing_list(const struct work *w, char *buf, size_t len) {
+  const struct shm_arena *a = w->comm->arena;
+  int first = -1;
+  size_t used = 0;
+  if (len)
+    buf[0] = '\0';
+  for (int r = 0; r < a->nranks; r++) {
+    if (!missing(w, a, r))
+      continue;
+    if (first < 0)
+      first = r;
+    if (used < len) {
+      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", r);
+      used += k > 0 ? (size_t)k : 0;
+    }
+  }
+  return first;
+}
+
 ncclResult_t flat_check(const struct work *w) {
-  return blocked(w) ? arena_check(w->comm, w->flat.bar, 1) : ncclSuccess;
+  if (!blocked(w))
+    return ncclSuccess;
+  CHECK(arena_failed(w->comm));
+  const struct shm_arena *a = w->comm->arena;
+  for (int r = 0; r < a->nranks; r++)
+    if (missing(w, a, r))
+      CHECK(comm_peer_alive(w->comm, r));
+  return ncclSuccess;
 }
 
 int flat_waiting_rank(const struct work *w) {
   char buf[8];
-  return blocked(w) ? arena_missing(w->comm->arena, w->flat.bar, buf, sizeof buf) : -1;
+  return blocked(w) ? missing_list(w, buf, sizeof buf) : -1;
 }
 
 void flat_describe_wait(const struct work *w, char *buf, size_t len) {
@@ -197,9 +260,12 @@ void flat_describe_wait(const struct work *w, char *buf, size_t len) {
     snprintf(buf, len, "nothing (the flat collective is not blocked)");
     return;
   }
-  char missing[160];
-  arena_missing(w->comm->arena, w->flat.bar, missing, sizeof missing);
-  snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat %s)", missing,
-           w->flat.state == FLAT_REDUCE ? "before" : "after", (unsigned long long)w->flat.round + 1,
-           (unsigned long long)w->flat.nrounds, w->flat.whole ? "whole reduction" : "slice reduction");
+  char ranks[160];
+  missing_list(w, ranks, sizeof ranks);
+  if (w->flat.whole)
+    snprintf(buf, len, "rank(s) %s to post their data in the shared-memory arena (flat whole reduction)", ranks);
+  else
+    snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat slice reduction)",
+             ranks, w->flat.state == FLAT_REDUCE ? "before" : "after", (unsigned long long)w->flat.round + 1,
+             (unsigned long long)w->flat.nrounds);
 }

@@ -1,8 +1,9 @@
 /*
  * Flat collectives on the host's arena (transport/shm_arena.h), for host
  * communicators whose ranks are all on one host. An AllReduce of a few
- * KiB: every rank writes its input into its region, and after one
- * barrier reduces all of them, in rank order, into its output. Larger
+ * KiB: every rank posts its input in its slot, with its call's header
+ * and a flag in the slot's first cache line, and once every slot is
+ * posted reduces all of them, in rank order, into its output. Larger
  * ones go in rounds of a region each: every rank writes its input, and
  * after a barrier reduces its own slice of everyone's into its output
  * and its region; after a second barrier it copies the other slices'
@@ -18,12 +19,13 @@
 #include <stdint.h>
 
 #include "nccl.h"
+#include "transport/shm_arena.h"
 
 struct work;
 
-/* The largest AllReduce, in bytes, that every rank reduces whole after
- * one barrier; above it, each rank reduces its slice. */
-#define FLAT_WHOLE_MAX 4096
+/* The largest AllReduce, in bytes, that every rank reduces whole from
+ * the others' posted slots; above it, each rank reduces its slice. */
+#define FLAT_WHOLE_MAX ARENA_SLOT_DATA
 
 /* As exec_progress, for a work with w->flat.on. */
 ncclResult_t flat_progress(struct work *w, int *moved, int *done);

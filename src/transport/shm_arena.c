@@ -20,6 +20,10 @@
 _Static_assert(sizeof(struct arena_rank) % 64 == 0, "a rank's line pair is whole cache lines");
 _Static_assert(offsetof(struct arena_head, total) % 64 == 0, "the count has a line of its own");
 _Static_assert(offsetof(struct arena_head, gen) % 64 == 0, "the generation has a line of its own");
+_Static_assert(offsetof(struct arena_head, posted) % 64 == 0, "the posted count has a line of its own");
+_Static_assert(sizeof(struct arena_slot) % 64 == 0 && offsetof(struct arena_rank, slot) % 64 == 0,
+               "slots are whole cache lines");
+_Static_assert(sizeof(struct slot_hdr) + 8 <= 40, "a slot's flag, header and first data share its first line");
 
 /* Each rank's region per buffer: a round of a flat call moves at most
  * this much per rank. Up to 1 MiB, and at most 8 MiB for all regions of
@@ -217,8 +221,9 @@ void arena_poison(struct ncclComm *comm, const char *why) {
   int32_t none = 0;
   if (atomic_compare_exchange_strong(&a->head->failed, &none, comm->rank + 1)) {
     snprintf(a->head->why, sizeof a->head->why, "%s", why ? why : "");
-    /* Bumping nothing: sleepers wake on the word and read failed. */
+    /* Moving nothing: sleepers wake and read failed. */
     util_futex_wake_all(util_low_word(&a->head->gen));
+    util_futex_wake_all(util_low_word(&a->head->posted));
   }
 }
 
@@ -236,39 +241,26 @@ uint64_t arena_arrive(struct shm_arena *a) {
   return b;
 }
 
-int arena_missing(const struct shm_arena *a, uint64_t b, char *buf, size_t len) {
-  int first = -1;
-  size_t used = 0;
-  if (len)
-    buf[0] = '\0';
-  for (int r = 0; r < a->nranks; r++) {
-    if (atomic_load_explicit(&a->ranks[r].arrived, memory_order_acquire) > b)
-      continue;
-    if (first < 0)
-      first = r;
-    if (used < len) {
-      int k = snprintf(buf + used, len - used, "%s%d", used ? ", " : "", r);
-      used += k > 0 ? (size_t)k : 0;
-    }
-  }
-  return first;
+void arena_post(struct shm_arena *a, uint64_t use) {
+  atomic_store_explicit(&a->ranks[a->me].slot[use & 1].flag, use + 1, memory_order_release);
+  /* Every post moves the count, so that a rank that read it before
+   * finding a slot missing sleeps only while none was posted since. */
+  atomic_fetch_add(&a->head->posted, 1);
+  if (atomic_load(&a->head->posted_sleepers))
+    util_futex_wake_all(util_low_word(&a->head->posted));
 }
 
-ncclResult_t arena_check(struct ncclComm *comm, uint64_t b, int check_alive) {
+ncclResult_t arena_failed(struct ncclComm *comm) {
   struct shm_arena *a = comm->arena;
   int32_t f = atomic_load(&a->head->failed);
-  if (f > 0 && f - 1 != comm->rank) {
-    const char *why = a->head->why;
-    if (why[0])
-      return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %.1000s)", f - 1,
-                     comm->peers[f - 1].hostname, why);
-    char note[512];
-    comm_note_exited(comm, -1, note, sizeof note);
-    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", f - 1,
-                   comm->peers[f - 1].hostname, note);
-  }
-  for (int r = 0; check_alive && r < a->nranks; r++)
-    if (atomic_load_explicit(&a->ranks[r].arrived, memory_order_acquire) <= b)
-      CHECK(comm_peer_alive(comm, r));
-  return ncclSuccess;
+  if (f <= 0 || f - 1 == comm->rank)
+    return ncclSuccess;
+  const char *why = a->head->why;
+  if (why[0])
+    return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation (its error: %.1000s)", f - 1,
+                   comm->peers[f - 1].hostname, why);
+  char note[512];
+  comm_note_exited(comm, -1, note, sizeof note);
+  return err_set(ncclRemoteError, "rank %d (%s) failed and abandoned the operation%s", f - 1,
+                 comm->peers[f - 1].hostname, note);
 }

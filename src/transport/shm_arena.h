@@ -24,10 +24,22 @@ struct ncclComm;
 /* A barrier of more ranks than this costs more than a tree's steps. */
 #define ARENA_MAX_RANKS 64
 
+/* A small call's data posted with its header and a flag, so that a peer
+ * reads all three in the cache lines it polls, with no shared count. */
+#define ARENA_SLOT_DATA 4096
+
+struct arena_slot {
+  _Atomic uint64_t flag;      /* 1 + the round whose data the slot holds */
+  struct slot_hdr hdr;
+  char data[ARENA_SLOT_DATA];
+  char pad[24];
+};
+
 struct arena_rank {
   _Atomic uint64_t arrived;   /* barriers this rank has reached */
   uint64_t pad[7];
   struct slot_hdr hdr[2];     /* its call, per buffer */
+  struct arena_slot slot[2];  /* per buffer */
 };
 
 struct arena_head {
@@ -40,6 +52,8 @@ struct arena_head {
   _Atomic uint64_t gen;       /* barriers completed (futex on its low word) */
   _Atomic uint32_t sleepers;  /* ranks asleep on gen */
   _Atomic int32_t failed;     /* 1 + the first rank that failed, 0: none */
+  _Alignas(64) _Atomic uint64_t posted; /* slots posted, all ranks together (futex on its low word) */
+  _Atomic uint32_t posted_sleepers;
   char why[1024];             /* that rank's sentence ("" for an abort) */
 };
 
@@ -82,13 +96,16 @@ static inline int arena_passed(const struct shm_arena *a, uint64_t b) {
   return atomic_load_explicit(&a->head->gen, memory_order_acquire) > b;
 }
 
-/* While blocked at barrier b: the error if a rank failed, or has exited
- * before reaching it; ncclSuccess otherwise. `check_alive` asks the
- * process table too (slower: the periodic check). */
-ncclResult_t arena_check(struct ncclComm *comm, uint64_t b, int check_alive);
+/* Posts this rank's slot of round `use` (its data and header written):
+ * the flag, then the count that sleepers wait on. */
+void arena_post(struct shm_arena *a, uint64_t use);
 
-/* The ranks that have not reached barrier b, as "3, 5" (the first, or -1,
- * returned). */
-int arena_missing(const struct shm_arena *a, uint64_t b, char *buf, size_t len);
+static inline int arena_slot_posted(const struct shm_arena *a, int rank, uint64_t use) {
+  return atomic_load_explicit(&a->ranks[rank].slot[use & 1].flag, memory_order_acquire) == use + 1;
+}
+
+/* The sentence of a rank that failed (arena_poison) while this one waits;
+ * ncclSuccess where none has. */
+ncclResult_t arena_failed(struct ncclComm *comm);
 
 #endif
