@@ -79,7 +79,7 @@ def main():
     nrounds = max((r for v in times.values() for r in v), default=0)
 
     with open(os.path.join(out, "quick.csv"), "w", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")
         w.writerow(["row", "lib", "round", "time_us"])
         for name, kind, n, size, _, _ in rows:
             loom, peers = KINDS[kind]
