@@ -292,7 +292,7 @@ runlib() { # impl coll n round lo hi factor warmup iters
 ncores=$(nproc)
 start=$SECONDS
 round_start() { # label round
-  local load busy= threads
+  local load threads busy=''
   read -r load _ </proc/loadavg
   awk -v l="$load" -v c="$ncores" 'BEGIN { exit !(l > c / 2) }' &&
     busy="  (busy: load $load on $ncores cores, figures will suffer)"
