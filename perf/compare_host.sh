@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
-# Loom against Open MPI 4.1 and PyTorch's Gloo on this host, in one run:
-# builds Loom and the baselines, then for each rank count runs AllReduce
-# (float32 sum), AllGather and ReduceScatter over every size with each
-# library in turn, round after round, and prints the medians with
-# peer/Loom time ratios (above 1: Loom is faster). Figures on a VM drift
-# 1.5-2x between runs minutes apart, so only libraries interleaved in the
-# same run are compared.
+# Loom against Open MPI 4.1, Intel MPI 2021 and PyTorch's Gloo on this host,
+# in one run: builds Loom and the baselines, then runs each library in turn,
+# round after round, and prints the medians with peer/Loom time ratios
+# (above 1: Loom is faster). Figures on a VM drift 1.5-2x between runs
+# minutes apart, so only libraries interleaved in the same run are compared.
 #
 #   perf/compare_host.sh [--ranks "2 4 8"] [--min 8] [--max 256M] [--factor 2]
 #       [--rounds 3] [--colls "allreduce allgather reducescatter"]
-#       [--peers "loom loom_socket mpi_shm mpi_tcp gloo"] [--warmup 5] [--iters 20]
-#       [--timeout 1200] [--out perf-results] [--build build-perf] [--no-build] [--quick]
+#       [--peers "loom loom_socket mpi_shm impi_shm mpi_tcp gloo"] [--warmup 5]
+#       [--iters 20] [--timeout 1200] [--out perf-results] [--build build-perf]
+#       [--no-build] [--impi DIR] [--gloo-python PY]
+#   perf/compare_host.sh --quick [--rounds 3] [--peers ...] [--timeout ...]
+#       [--out ...] [--build ...] [--no-build] [--impi DIR] [--gloo-python PY]
 #
-# --quick: 2 ranks, 8 B to 1 MiB by 16, 1 round, 2+10 iterations (options
-# given too win, wherever they are). --no-build, or LOOM_PERF_BUILD=DIR,
-# uses an existing build. --timeout bounds each run (seconds).
+# Full mode: for each rank count, AllReduce (float32 sum), AllGather and
+# ReduceScatter over every size. --quick: AllReduce (float32 sum) alone on
+# fixed rows, each run at its own size, warmup and calls picked per size:
+#   shm rows, Loom over shm against Open MPI (vader), Intel MPI (shm), Gloo:
+#     2 ranks 8, 64K, 1M, 64M; 4 ranks 8, 1M, 64M; 8 ranks 8, 1M, 64M
+#   socket rows, Loom over sockets against Open MPI (tcp), Gloo:
+#     2 ranks 8, 64M; 4 ranks 1M
+# and prints per row each library's time per call, the best peer and
+# Loom's ratio against it (quick.csv, summary.txt). The options of the
+# sweep (--ranks --min --max --factor --colls --warmup --iters) do not
+# apply to it. Either mode exits 0 whatever the ratios, 1 if a run failed,
+# 2 on a bad option. --no-build, or LOOM_PERF_BUILD=DIR, uses an existing
+# build. --timeout bounds each run (seconds).
 #
 # Libraries: Loom over shared memory and over sockets on loopback
 # (NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo), Open MPI over shared memory
-# (btl self,vader) and over TCP on loopback (btl tcp,self), Gloo
-# (torch.distributed, CPU tensors) with Debian's /usr/bin/python3. A
-# missing one is skipped with a line naming its Debian package; nothing is
-# installed. Results in the output directory: raw.csv (every run's
-# figures), runs.csv (each run's duration and status), logs/, summary.txt,
-# busbw.png.
+# (btl self,vader) and over TCP on loopback (btl tcp,self), Intel MPI over
+# shared memory (I_MPI_FABRICS=shm) from the Python environment --impi DIR,
+# else LOOM_IMPI_DIR, else ${XDG_CACHE_HOME:-~/.cache}/loom-perf/impi, and
+# Gloo (torch.distributed, CPU tensors) with the Python --gloo-python, else
+# LOOM_GLOO_PYTHON, else Debian's /usr/bin/python3. A missing one is
+# skipped with a line saying how to install it; nothing is installed.
+# Results in the output directory: raw.csv (every run's figures), runs.csv
+# (each run's duration and status), logs/, summary.txt, and busbw.png
+# (full mode) or quick.csv (--quick).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -31,7 +45,7 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 declare -A opt=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --ranks | --min | --max | --factor | --rounds | --colls | --peers | --warmup | --iters | --timeout | --out | --build)
+    --ranks | --min | --max | --factor | --rounds | --colls | --peers | --warmup | --iters | --timeout | --out | --build | --impi | --gloo-python)
       [ $# -ge 2 ] || { echo "compare_host.sh: $1 needs a value" >&2; exit 2; }
       opt[${1#--}]=$2
       shift ;;
@@ -42,18 +56,22 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ -n "${opt[quick]:-}" ]; then
-  def_ranks=2 def_min=8 def_max=1M def_factor=16 def_rounds=1 def_warmup=2 def_iters=10
-else
-  def_ranks="2 4 8" def_min=8 def_max=256M def_factor=2 def_rounds=3 def_warmup=5 def_iters=20
+quick=${opt[quick]:-}
+if [ -n "$quick" ]; then
+  for o in ranks min max factor colls warmup iters; do
+    [ -z "${opt[$o]:-}" ] || { echo "compare_host.sh: --$o does not apply to --quick (its rows are fixed)" >&2; exit 2; }
+  done
 fi
-ranks=${opt[ranks]:-$def_ranks} min=${opt[min]:-$def_min} max=${opt[max]:-$def_max}
-factor=${opt[factor]:-$def_factor} rounds=${opt[rounds]:-$def_rounds}
-warmup=${opt[warmup]:-$def_warmup} iters=${opt[iters]:-$def_iters}
+ranks=${opt[ranks]:-2 4 8} min=${opt[min]:-8} max=${opt[max]:-256M}
+factor=${opt[factor]:-2} rounds=${opt[rounds]:-3}
+warmup=${opt[warmup]:-5} iters=${opt[iters]:-20}
 colls=${opt[colls]:-allreduce allgather reducescatter}
-peers=${opt[peers]:-loom loom_socket mpi_shm mpi_tcp gloo}
+[ -n "$quick" ] && colls=allreduce
+peers=${opt[peers]:-loom loom_socket mpi_shm impi_shm mpi_tcp gloo}
 limit=${opt[timeout]:-1200} out=${opt[out]:-perf-results}
 build=${opt[build]:-${LOOM_PERF_BUILD:-build-perf}}
+impi=${opt[impi]:-${LOOM_IMPI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loom-perf/impi}}
+py=${opt[gloo-python]:-${LOOM_GLOO_PYTHON:-/usr/bin/python3}}
 do_build=1
 [ -n "${opt[nobuild]:-}" ] || [ -n "${LOOM_PERF_BUILD:-}" ] && do_build=0
 
@@ -77,7 +95,7 @@ for c in $colls; do
   case $c in allreduce | allgather | reducescatter) ;; *) die "unknown collective $c" ;; esac
 done
 for p in $peers; do
-  case $p in loom | loom_socket | mpi_shm | mpi_tcp | gloo) ;; *) die "unknown library $p" ;; esac
+  case $p in loom | loom_socket | mpi_shm | impi_shm | mpi_tcp | gloo) ;; *) die "unknown library $p" ;; esac
 done
 want() { [[ " $peers " == *" $1 "* ]]; }
 
@@ -85,7 +103,7 @@ mkdir -p "$out/bin" "$out/logs" || exit 1
 out=$(cd "$out" && pwd)
 # Results, not sources: git should not offer them for commit.
 [ -e "$out/.gitignore" ] || echo '*' >"$out/.gitignore"
-rm -f "$out"/logs/*.log "$out"/plot/*.dat "$out/busbw.png" "$out/summary.txt"
+rm -f "$out"/logs/*.log "$out"/plot/*.dat "$out/busbw.png" "$out/summary.txt" "$out/quick.csv" "$out/rows.txt"
 raw=$out/raw.csv runs=$out/runs.csv skipped=$out/skipped.txt meta=$out/meta.txt
 echo "impl,coll,ranks,round,size,time_us,busbw,inplace_time_us,inplace_busbw" >"$raw"
 echo "impl,coll,ranks,round,seconds,status" >"$runs"
@@ -143,26 +161,52 @@ if want mpi_shm || want mpi_tcp; then
     skip mpi_tcp "perf/baselines/mpi_coll.c does not build"
   fi
 fi
-py=/usr/bin/python3
-if want gloo; then
-  if [ ! -x $py ]; then
-    skip gloo "no $py (Debian packages python3 python3-torch)"
-  elif ! torch_version=$($py -c 'import torch, torch.distributed as d; assert d.is_gloo_available(); print(torch.__version__)' 2>/dev/null); then
-    skip gloo "$py has no torch with gloo (Debian package python3-torch)"
+impi_install="python3 -m venv $impi && $impi/bin/pip install --no-deps impi-rt==2021.19.0 impi-devel==2021.19.0"
+if want impi_shm; then
+  if [ ! -x "$impi/bin/mpiexec" ] || [ ! -x "$impi/bin/mpicc" ]; then
+    skip impi_shm "no Intel MPI in $impi (--impi DIR or LOOM_IMPI_DIR); install it without root with: $impi_install (and Debian's libfabric1)"
+  elif ! I_MPI_ROOT=$impi I_MPI_CC=${CC:-gcc} "$impi/bin/mpicc" -O2 -std=c11 -Wall -Wextra \
+      -o "$out/bin/impi_coll" perf/baselines/mpi_coll.c >"$out/logs/impi_build.txt" 2>&1; then
+    skip impi_shm "perf/baselines/mpi_coll.c does not build with $impi/bin/mpicc, see $out/logs/impi_build.txt"
   fi
 fi
-if ! command -v gnuplot >/dev/null; then
+if want gloo; then
+  if [ ! -x "$py" ]; then
+    skip gloo "no $py (Debian packages python3 python3-torch, or --gloo-python PY naming a Python with torch)"
+  elif ! torch_version=$("$py" -c 'import torch, torch.distributed as d; assert d.is_gloo_available(); print(torch.__version__)' 2>/dev/null); then
+    skip gloo "$py has no torch with gloo (Debian package python3-torch, or --gloo-python PY naming a Python with torch)"
+  fi
+fi
+if [ -z "$quick" ] && ! command -v gnuplot >/dev/null; then
   echo "-- no plot: gnuplot not found (Debian package gnuplot-nox); the tables still come"
 fi
-summ_py=$py
-[ -x $py ] || summ_py=python3
+# The tables need only Python's standard library.
+summ_py=/usr/bin/python3
+[ -x $summ_py ] || summ_py=python3
+
+# Intel MPI runs with its own defaults but for the fabric: ranks pinned one
+# per core in turn (8 ranks on 2 cores: 4 on each), I_MPI_WAIT_MODE unset.
+# Unset is not 0: it lets Intel MPI see more ranks than cores and stop
+# polling, while I_MPI_WAIT_MODE=0 spelled out keeps 4 and 8 ranks polling
+# (5.4 ms per 8 B call on 4 ranks, not 5 us); I_MPI_WAIT_MODE=1 triples
+# 2 ranks' small calls; unpinned ranks (I_MPI_PIN=0) measured the same as
+# pinned. perf/README.md has the figures. I_MPI_* set in the environment
+# pass through.
+impi_env=(I_MPI_ROOT="$impi" I_MPI_FABRICS=shm LD_LIBRARY_PATH="$impi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+impi_said="I_MPI_FABRICS=shm, I_MPI_PIN=${I_MPI_PIN:-(default: on)}, I_MPI_WAIT_MODE=${I_MPI_WAIT_MODE:-(unset: auto)}"
 
 {
   echo "started $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(nproc) cores, $(uname -r)"
   echo "Loom $(git describe --always --dirty 2>/dev/null || echo '(no git)') built in $build;" \
     "Open MPI $(want mpi_shm || want mpi_tcp && mpirun --version 2>/dev/null | sed -n '1s/.* //p' || echo -);" \
-    "torch ${torch_version:--}"
-  echo "ranks: $ranks; sizes $minb..$maxb B by $factor; $warmup warmup + $iters timed calls; rounds: $rounds"
+    "Intel MPI $(want impi_shm && env "${impi_env[@]}" "$impi/bin/mpiexec" --version 2>/dev/null | sed -n '1s/.*Version \([^ ]*\).*/\1/p' || echo -)" \
+    "($(want impi_shm && echo "$impi_said" || echo -));" \
+    "torch ${torch_version:--}${torch_version:+ ($py)}"
+  if [ -n "$quick" ]; then
+    echo "quick rows (AllReduce float32 sum, warmup + timed calls per size); rounds: $rounds"
+  else
+    echo "ranks: $ranks; sizes $minb..$maxb B by $factor; $warmup warmup + $iters timed calls; rounds: $rounds"
+  fi
 } >"$meta"
 
 # ---- runs
@@ -180,10 +224,11 @@ record() { # impl coll n round format log
   fi >>"$raw"
 }
 
+logtag= # the quick mode's size, in the log's name
 runone() { # impl coll n round format command...
   local impl=$1 coll=$2 n=$3 r=$4 fmt=$5 t0=$SECONDS rc status before=
   shift 5
-  local log="$out/logs/${impl}_${coll}_${n}r_round$r.log"
+  local log="$out/logs/${impl}_${coll}_${n}r${logtag}_round$r.log"
   [[ $impl == mpi_* ]] && before=$(ls /dev/shm 2>/dev/null)
   timeout -k 10 "$limit" "$@" >"$log" 2>&1 </dev/null &
   child=$!
@@ -196,7 +241,7 @@ runone() { # impl coll n round format command...
     3) [ "$impl" = gloo ] && status=unsupported || status="exit 3" ;;
     *) status="exit $rc" ;;
   esac
-  printf '   %-12s %-13s %3d s  %s\n' "$impl" "$coll" $((SECONDS - t0)) "$status"
+  printf '   %-12s %-13s %3d s  %s\n' "$impl" "$coll${logtag:+ ${logtag#_}}" $((SECONDS - t0)) "$status"
   echo "$impl,$coll,$n,$r,$((SECONDS - t0)),$status" >>"$runs"
   if [ "$status" = unsupported ]; then
     if [ -z "${said[$impl$coll$n]:-}" ]; then
@@ -216,47 +261,114 @@ runone() { # impl coll n round format command...
   record "$impl" "$coll" "$n" "$r" "$fmt" "$log"
 }
 
+# One library's run of one collective on n ranks, sizes lo..hi by factor.
+runlib() { # impl coll n round lo hi factor warmup iters
+  local impl=$1 coll=$2 n=$3 r=$4 lo=$5 hi=$6 f=$7 w=$8 it=$9
+  local tool=$build/perf/${loom_tool[$coll]} args=(-b "$lo" -e "$hi" -f "$f" -w "$w" -n "$it")
+  # Open MPI's own ranks get no binding (more ranks than cores) and the
+  # ob1 PML, so that the BTLs named are the ones carrying the data.
+  local mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" --mca pml ob1)
+  case $impl in
+    loom) runone loom "$coll" "$n" "$r" nccl "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}" ;;
+    loom_socket)
+      runone loom_socket "$coll" "$n" "$r" nccl env NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+        "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}" ;;
+    mpi_shm)
+      runone mpi_shm "$coll" "$n" "$r" base "${mpi[@]}" --mca btl self,vader \
+        "$out/bin/mpi_coll" "$coll" "$lo" "$hi" "$f" "$w" "$it" ;;
+    mpi_tcp)
+      runone mpi_tcp "$coll" "$n" "$r" base "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo \
+        "$out/bin/mpi_coll" "$coll" "$lo" "$hi" "$f" "$w" "$it" ;;
+    impi_shm)
+      runone impi_shm "$coll" "$n" "$r" base env "${impi_env[@]}" "$impi/bin/mpiexec" -n "$n" \
+        "$out/bin/impi_coll" "$coll" "$lo" "$hi" "$f" "$w" "$it" ;;
+    gloo)
+      [ -n "${said[gloo$coll$n]:-}" ] ||
+        runone gloo "$coll" "$n" "$r" base env GLOO_SOCKET_IFNAME=lo "$py" \
+          perf/baselines/gloo_coll.py "$coll" "$n" "$lo" "$hi" "$f" "$w" "$it" ;;
+  esac
+}
+
 ncores=$(nproc)
 start=$SECONDS
-for n in $ranks; do
+round_start() { # label round
+  local load threads busy=''
+  read -r load _ </proc/loadavg
+  awk -v l="$load" -v c="$ncores" 'BEGIN { exit !(l > c / 2) }' &&
+    busy="  (busy: load $load on $ncores cores, figures will suffer)"
+  echo "== ${1}round $2 of $rounds, $((SECONDS - start)) s so far, load $load$busy"
+  echo "round $1$2: load average $load at the start" >>"$meta"
+  for threads in 1 2; do
+    [ "$threads" -gt "$ncores" ] && continue
+    [ -n "$quick" ] && [ "$threads" -lt "$((ncores < 2 ? ncores : 2))" ] && continue
+    "$out/bin/memcpy_bw" 256 7 "$threads" |
+      awk -v r="$2" '$1 == "memcpy" { print "memcpy,memcpy," $2 "," r "," $3 * 1048576 ",," $5 ",," }' >>"$raw"
+  done
+}
+
+if [ -n "$quick" ]; then
+  # The issue's rows: kind ranks size. Gloo, on TCP alone, is a peer of
+  # both kinds; a size it shares between them is run once per round.
+  quick_rows=("shm 2 8" "shm 2 64K" "shm 2 1M" "shm 2 64M" "shm 4 8" "shm 4 1M" "shm 4 64M"
+    "shm 8 8" "shm 8 1M" "shm 8 64M" "socket 2 8" "socket 2 64M" "socket 4 1M")
+  # Timed calls per row, the same for every library of the row: thousands
+  # where a call takes microseconds, so that the mean per call settles, a
+  # few where it takes tens of milliseconds; fewer as ranks (more time per
+  # call on 2 cores) grow. Warmup: a tenth of them, at least 1.
+  calls() { # ranks bytes -> "warmup iters"
+    local it
+    if [ "$2" -le 4096 ]; then it=$((10000 / $1))
+    elif [ "$2" -le 262144 ]; then it=$((2000 / $1))
+    elif [ "$2" -le 4194304 ]; then it=$((400 / $1))
+    else it=$((20 / $1 > 5 ? 20 / $1 : 5)); fi
+    echo "$((it / 10 > 1 ? it / 10 : 1)) $it"
+  }
+  row_libs() { # kind -> the libraries of its rows that are wanted
+    local l libs="loom mpi_shm impi_shm gloo" on=
+    [ "$1" = socket ] && libs="loom_socket mpi_tcp gloo"
+    for l in $libs; do want "$l" && on+=" $l"; done
+    echo "$on"
+  }
+  echo "row,kind,ranks,bytes,warmup,iters" >"$out/rows.txt"
+  for row in "${quick_rows[@]}"; do
+    read -r kind n size <<<"$row"
+    b=$(bytes "$size") && read -r w it <<<"$(calls "$n" "$b")"
+    [ -n "$(row_libs "$kind")" ] && echo "$kind-${n}r-$size,$kind,$n,$b,$w,$it" >>"$out/rows.txt"
+  done
   for r in $(seq 1 "$rounds"); do
-    read -r load _ </proc/loadavg
-    busy=
-    awk -v l="$load" -v c="$ncores" 'BEGIN { exit !(l > c / 2) }' &&
-      busy="  (busy: load $load on $ncores cores, figures will suffer)"
-    echo "== $n ranks, round $r of $rounds, $((SECONDS - start)) s so far, load $load$busy"
-    echo "round $n ranks $r: load average $load at the start" >>"$meta"
-    for threads in 1 2; do
-      [ "$threads" -gt "$ncores" ] && continue
-      "$out/bin/memcpy_bw" 256 7 "$threads" |
-        awk -v r="$r" '$1 == "memcpy" { print "memcpy,memcpy," $2 "," r "," $3 * 1048576 ",," $5 ",," }' >>"$raw"
+    round_start "" "$r"
+    declare -A done_here=()
+    for row in "${quick_rows[@]}"; do
+      read -r kind n size <<<"$row"
+      b=$(bytes "$size") && read -r w it <<<"$(calls "$n" "$b")"
+      logtag=_$size
+      for impl in $(row_libs "$kind"); do
+        [ -z "${done_here[$impl $n $b]:-}" ] || continue
+        done_here[$impl $n $b]=1
+        runlib "$impl" allreduce "$n" "$r" "$b" "$b" 2 "$w" "$it"
+      done
     done
-    args=(-b "$minb" -e "$maxb" -f "$factor" -w "$warmup" -n "$iters")
-    # Open MPI's own ranks get no binding (more ranks than cores) and the
-    # ob1 PML, so that the BTLs named are the ones carrying the data.
-    mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" --mca pml ob1)
-    for coll in $colls; do
-      tool=$build/perf/${loom_tool[$coll]}
-      want loom &&
-        runone loom "$coll" "$n" "$r" nccl "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}"
-      want loom_socket &&
-        runone loom_socket "$coll" "$n" "$r" nccl env NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
-          "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}"
-      want mpi_shm &&
-        runone mpi_shm "$coll" "$n" "$r" base "${mpi[@]}" --mca btl self,vader \
-          "$out/bin/mpi_coll" "$coll" "$minb" "$maxb" "$factor" "$warmup" "$iters"
-      want mpi_tcp &&
-        runone mpi_tcp "$coll" "$n" "$r" base "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo \
-          "$out/bin/mpi_coll" "$coll" "$minb" "$maxb" "$factor" "$warmup" "$iters"
-      if want gloo && [ -z "${said[gloo$coll$n]:-}" ]; then
-        runone gloo "$coll" "$n" "$r" base env GLOO_SOCKET_IFNAME=lo $py \
-          perf/baselines/gloo_coll.py "$coll" "$n" "$minb" "$maxb" "$factor" "$warmup" "$iters"
-      fi
+    unset done_here
+  done
+  logtag=
+else
+  for n in $ranks; do
+    for r in $(seq 1 "$rounds"); do
+      round_start "$n ranks, " "$r"
+      for coll in $colls; do
+        for impl in loom loom_socket mpi_shm impi_shm mpi_tcp gloo; do
+          want $impl && runlib $impl "$coll" "$n" "$r" "$minb" "$maxb" "$factor" "$warmup" "$iters"
+        done
+      done
     done
   done
-done
+fi
 echo "finished after $((SECONDS - start)) s of runs" >>"$meta"
 echo "== runs done in $((SECONDS - start)) s; raw figures in $raw"
 echo
-$summ_py perf/baselines/summarize.py "$out" || failures=$((failures + 1))
+if [ -n "$quick" ]; then
+  $summ_py perf/baselines/quick_table.py "$out" || failures=$((failures + 1))
+else
+  $summ_py perf/baselines/summarize.py "$out" || failures=$((failures + 1))
+fi
 [ $failures -eq 0 ] || { echo "compare_host.sh: $failures run(s) failed, see runs.csv and logs/" >&2; exit 1; }

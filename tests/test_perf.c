@@ -279,18 +279,32 @@ TEST_IMPL(docs_links) {
 }
 
 /* perf/compare_host.sh in its quick form, with Loom alone (the peers need
- * packages CI does not install): its parsing and tables keep working. */
+ * packages CI does not install) and one round: its rows, parsing and
+ * tables keep working, and quick.csv holds every row's figure. */
 TEST_IMPL(perf_compare_host_quick) {
   if (access("/usr/bin/python3", X_OK) != 0)
     SKIP("no /usr/bin/python3: the comparison's tables cannot be made here");
   char outdir[] = "/tmp/loom-compare-XXXXXX";
   ASSERT(mkdtemp(outdir));
-  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--peers", "loom", "--no-build",
-                  "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
+  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--rounds", "1", "--peers", "loom",
+                  "--no-build", "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
   int rc = harness_run(argv, out, sizeof out);
+  char path[PATH_MAX], csv[8192] = "";
+  snprintf(path, sizeof path, "%s/quick.csv", outdir);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    csv[fread(csv, 1, sizeof csv - 1, f)] = '\0';
+    fclose(f);
+  }
   harness_remove_dir(outdir);
-  ASSERT_MSG(rc == 0, "compare_host.sh exited with %d", rc);
-  ASSERT(strstr(out, "== allreduce, 2 ranks") && strstr(out, "== reducescatter, 2 ranks"));
+  ASSERT_MSG(rc == 0, "compare_host.sh exited with %d:\n%s", rc, out);
+  ASSERT_MSG(strstr(out, "== shm rows") && strstr(out, "8r 64 MiB") && strstr(out, "bound B/m") &&
+                 !strstr(out, "== socket rows"),
+             "unexpected output:\n%s", out);
+  /* The first and last shm rows, out of place and in place. */
+  ASSERT_MSG(strstr(csv, "row,lib,round,time_us\n") && strstr(csv, "shm-2r-8,loom,1,") &&
+                 strstr(csv, "shm-8r-64M,loom_inplace,1,"),
+             "unexpected quick.csv:\n%s", csv);
   return 0;
 }
 

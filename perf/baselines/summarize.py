@@ -19,12 +19,13 @@ import subprocess
 import sys
 from collections import defaultdict
 
-IMPLS = ["loom", "loom_socket", "mpi_shm", "mpi_tcp", "gloo"]
-NAMES = {"loom": "Loom shm", "loom_socket": "Loom sock", "mpi_shm": "MPI shm", "mpi_tcp": "MPI tcp",
-         "gloo": "Gloo"}
+IMPLS = ["loom", "loom_socket", "mpi_shm", "impi_shm", "mpi_tcp", "gloo"]
+NAMES = {"loom": "Loom shm", "loom_socket": "Loom sock", "mpi_shm": "MPI shm", "impi_shm": "IMPI shm",
+         "mpi_tcp": "MPI tcp", "gloo": "Gloo"}
 # (peer, the Loom figure it is set against): each transport against its
 # counterpart, and Gloo, which only has TCP, against both of Loom's.
-RATIOS = [("mpi_shm", "loom"), ("mpi_tcp", "loom_socket"), ("gloo", "loom"), ("gloo", "loom_socket")]
+RATIOS = [("mpi_shm", "loom"), ("impi_shm", "loom"), ("mpi_tcp", "loom_socket"), ("gloo", "loom"),
+          ("gloo", "loom_socket")]
 COLLS = ["allreduce", "allgather", "reducescatter"]
 
 
@@ -85,15 +86,16 @@ def main():
 
     lines = []
     say = lines.append
-    say("# Loom against Open MPI and Gloo on this host")
+    say("# Loom against Open MPI, Intel MPI and Gloo on this host")
     for m in meta:
         say("# " + m)
     say("#")
     say("# Every figure is the median over the rounds of this run (the libraries interleaved in each")
     say("# round). Rows below %s give the time per call in us, the others busbw in GB/s (nccl-tests'" % human(lat_below))
     say("# formulas, size = the largest buffer of the call). ratio = peer time / Loom time at the same")
-    say("# size (= Loom busbw / peer busbw): ABOVE 1 LOOM IS FASTER, below 1 the peer is. 'MPI tcp/Lsock'")
-    say("# sets Open MPI over TCP against Loom over sockets (NCCL_SHM_DISABLE=1); Gloo, which only has")
+    say("# size (= Loom busbw / peer busbw): ABOVE 1 LOOM IS FASTER, below 1 the peer is. MPI is Open")
+    say("# MPI, IMPI Intel MPI, both over shm set against Loom over shm; 'MPI tcp/Lsock' sets Open MPI")
+    say("# over TCP against Loom over sockets (NCCL_SHM_DISABLE=1); Gloo, which only has")
     say("# TCP, is set against both. Gloo's all_reduce is in place (torch has no other form), so its")
     say("# AllReduce ratios use Loom's in-place figures; everything else is out of place.")
 
