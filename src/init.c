@@ -182,6 +182,11 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   if (comm->is_host && !shm_off && oversubscribed) {
     in.lat_local *= 2.5;
     in.lat_barrier *= 2.5;
+    /* Flat AllReduce, where the arena exists (arena_setup), measured
+     * faster than rings and recursive doubling up to here on 4 and 8
+     * ranks over 2 CPUs; where every rank has a CPU, only its small
+     * calls are (perf/README.md). */
+    in.flat_pref_max = (size_t)16 << 20;
   }
   comm->tuner = calloc(1, sizeof *comm->tuner);
   if (!comm->tuner)

@@ -123,6 +123,9 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclRedOp_t op = ncclSum;
   if (rank == 1 && strncmp(what, "count", 5) == 0)
     count++;
+  /* One rank posts its slot, the others wait at a barrier. */
+  if (rank == 1 && strcmp(what, "modes") == 0)
+    count = BIG;
   if (rank == 1 && strcmp(what, "op") == 0)
     op = ncclMax;
   for (size_t i = 0; i <= BIG; i++)
@@ -132,7 +135,7 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
   fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
   RASSERT(r == ncclInvalidUsage || r == ncclRemoteError, "rank %d: the mismatched call returned %d", rank, (int)r);
-  snprintf(name, sizeof name, "count %d", strcmp(what, "count_slices") == 0 ? BIG + 1 : 65);
+  snprintf(name, sizeof name, "count %d", strcmp(what, "count_slices") == 0 ? BIG + 1 : strcmp(what, "modes") == 0 ? BIG : 65);
   RASSERT(strstr(msg, strcmp(what, "op") == 0 ? "max" : name) != NULL,
           "rank %d: the message does not name the difference: %s", rank, msg);
   /* Nothing of the others' data was reduced into the output. */
@@ -152,6 +155,12 @@ TEST_IMPL(flat_mismatch_count_slices) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "20", 1);
   return run_ranks(3, mismatch_rank, "count_slices");
+}
+
+TEST_IMPL(flat_mismatch_modes) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "20", 1);
+  return run_ranks(3, mismatch_rank, "modes");
 }
 
 TEST_IMPL(flat_mismatch_op) {

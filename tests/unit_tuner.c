@@ -49,6 +49,52 @@ TEST_IMPL(unit_tuner_pick) {
   return 0;
 }
 
+/* Flat AllReduce, where the ranks share an arena: its small calls always,
+ * its larger ones up to flat_pref_max (hosts with more ranks than CPUs);
+ * never without the arena, never for other collectives, never against
+ * NCCL_ALGO. */
+TEST_IMPL(unit_tuner_flat) {
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_PROTO");
+  struct tuner t;
+  struct tune_input in;
+  tuner_shape(&in, 4, 1, 4, 1, 0, 0, 2u << 20, 0, 0);
+  int algo, nch;
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT_MSG(algo != ALGO_FLAT, "8 B picks Flat without an arena");
+  ASSERT(isinf(tuner_estimate(&in, COLL_ALLREDUCE, ALGO_FLAT, 8)));
+  in.flat_ok = 1;
+  in.flat_round_bytes = 1u << 20;
+  ASSERT_OK(tuner_init(&t, &in));
+  static const struct {
+    size_t bytes, pref_max;
+    int algo;
+  } cases[] = {{8, 0, ALGO_FLAT},        {4096, 0, ALGO_FLAT},           {4097, 0, ALGO_RING},
+               {1u << 20, 0, ALGO_RING}, {1u << 20, 16u << 20, ALGO_FLAT}, {16u << 20, 16u << 20, ALGO_FLAT},
+               {64u << 20, 16u << 20, ALGO_RING}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    in.flat_pref_max = cases[i].pref_max;
+    ASSERT_OK(tuner_init(&t, &in));
+    ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, cases[i].bytes, &algo, &nch, NULL));
+    ASSERT_MSG(algo == cases[i].algo || (cases[i].algo == ALGO_RING && algo != ALGO_FLAT),
+               "%zu bytes (flat up to %zu): %s", cases[i].bytes, cases[i].pref_max, algo_name(algo));
+    ASSERT(nch == 1 || algo != ALGO_FLAT);
+  }
+  ASSERT_OK(tuner_pick(&t, COLL_ALLGATHER, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
+  setenv("NCCL_ALGO", "allreduce:ring", 1);
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 8, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_RING);
+  setenv("NCCL_ALGO", "Flat", 1);
+  ASSERT_OK(tuner_init(&t, &in));
+  ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, 256u << 20, &algo, &nch, NULL));
+  ASSERT(algo == ALGO_FLAT);
+  unsetenv("NCCL_ALGO");
+  return 0;
+}
+
 /* With the many channels NVLink gives (24 on an H100 host), small calls
  * still run on one channel and a call takes one more channel per half
  * megabyte, all of them only from 12 MiB on. */

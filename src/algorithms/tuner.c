@@ -246,6 +246,14 @@ ncclResult_t tuner_pick(struct tuner *t, enum coll_kind coll, size_t bytes, int 
       best_t = times[a];
     }
   }
+  /* Flat wins where the alpha-beta model cannot see why: a ring's n-1
+   * hand-offs each wait for one more rank to be scheduled, the arena's
+   * one barrier waits for all at once (crossovers measured, perf/README.md). */
+  if ((mask & (1u << ALGO_FLAT)) && times[ALGO_FLAT] < INFINITY &&
+      (bytes <= FLAT_WHOLE_MAX || bytes <= t->in.flat_pref_max)) {
+    best = ALGO_FLAT;
+    best_t = times[ALGO_FLAT];
+  }
   if (best_t == INFINITY) {
     /* NCCL_ALGO left nothing that can run this call (Tree for a
      * Broadcast, recursive doubling for a large buffer): like NCCL, run it

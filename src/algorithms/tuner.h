@@ -36,6 +36,9 @@ struct tune_input {
   double lat_barrier;  /* seconds per barrier of every rank on the arena */
   double bw_flat;      /* bytes/s of a flat round's copies, per rank */
   size_t flat_round_bytes; /* what a flat round moves per rank (the arena's region) */
+  /* Flat is taken over the model's choice up to FLAT_WHOLE_MAX, and up to
+   * this on hosts with more ranks than CPUs (perf/README.md: measured). */
+  size_t flat_pref_max;
 };
 
 /* Protocol bits of NCCL_PROTO (enum loom_proto's). */

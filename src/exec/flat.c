@@ -50,7 +50,7 @@ static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a)
     if (r == a->me)
       continue;
     const struct arena_rank *x = &a->ranks[r];
-    const struct slot_hdr *got = w->flat.whole ? &x->slot[w->flat.use & 1].hdr : &x->hdr[w->flat.use & 1];
+    const struct slot_hdr *got = w->flat.whole ? &x->slot[w->flat.use & 1].hdr : &x->call[w->flat.use & 1].hdr;
     if (!slot_matches(&want, got, 1))
       return slot_mismatch(&want, got, a->me, r, 1);
   }
@@ -65,6 +65,7 @@ static void write_round(struct work *w, struct shm_arena *a) {
   const char *src = w->src + off * w->esize;
   if (w->flat.whole) {
     struct arena_slot *slot = &a->ranks[a->me].slot[w->flat.use & 1];
+    arena_hdr_begin(&slot->flag);
     write_input(w, slot->data, src, len);
     slot_mine(w->task, w->seq, a->me, &slot->hdr);
     slot->hdr.bytes = 0;
@@ -76,9 +77,11 @@ static void write_round(struct work *w, struct shm_arena *a) {
   write_input(w, mine, src, lo);
   write_input(w, mine + hi * w->esize, src + hi * w->esize, len - hi);
   if (w->flat.round == 0) {
-    struct slot_hdr *h = &a->ranks[a->me].hdr[w->flat.use & 1];
-    slot_mine(w->task, w->seq, a->me, h);
-    h->bytes = 0;
+    struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
+    arena_hdr_begin(&c->flag);
+    slot_mine(w->task, w->seq, a->me, &c->hdr);
+    c->hdr.bytes = 0;
+    arena_hdr_end(&c->flag, w->flat.use);
   }
   w->flat.bar = arena_arrive(a);
 }
@@ -268,4 +271,28 @@ void flat_describe_wait(const struct work *w, char *buf, size_t len) {
     snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat slice reduction)",
              ranks, w->flat.state == FLAT_REDUCE ? "before" : "after", (unsigned long long)w->flat.round + 1,
              (unsigned long long)w->flat.nrounds);
+}
+
+ncclResult_t flat_check_crossed(const struct work *w) {
+  struct shm_arena *a = w->comm->arena;
+  if (!a || w->task->coll == COLL_SEND || w->task->coll == COLL_RECV)
+    return ncclSuccess;
+  /* Ranks that make the same call choose the same algorithm and protocol:
+   * a header of this call's number in the arena that is another call is
+   * a mismatch even where this rank's call runs over FIFOs, which show it
+   * only once the peer sends on them. */
+  struct slot_hdr want, got;
+  slot_expect(w->task, w->seq, &want);
+  for (int r = 0; r < a->nranks; r++) {
+    if (r == a->me)
+      continue;
+    struct arena_rank *x = &a->ranks[r];
+    for (int p = 0; p < 2; p++) {
+      if (arena_hdr_read(&x->call[p].flag, &x->call[p].hdr, &got) && got.seq == w->seq)
+        CHECK(slot_check_crossed(&want, &got, a->me, r));
+      if (arena_hdr_read(&x->slot[p].flag, &x->slot[p].hdr, &got) && got.seq == w->seq)
+        CHECK(slot_check_crossed(&want, &got, a->me, r));
+    }
+  }
+  return ncclSuccess;
 }

@@ -37,6 +37,11 @@ int flat_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t
  * barrier this work waits at. */
 ncclResult_t flat_check(const struct work *w);
 
+/* While nothing moves, for any collective work of a communicator with an
+ * arena: another rank's header in the arena with this call's number that
+ * describes another call (the ranks' calls crossed). */
+ncclResult_t flat_check_crossed(const struct work *w);
+
 /* The first rank that has not reached the barrier, -1 if none. */
 int flat_waiting_rank(const struct work *w);
 

@@ -342,4 +342,8 @@ void exec_describe_wait(const struct work *w, char *buf, size_t len) {
 
 int exec_waiting_rank(const struct work *w) { return w->flat.on ? flat_waiting_rank(w) : -1; }
 
-ncclResult_t exec_check_waiting(const struct work *w) { return w->flat.on ? flat_check(w) : ncclSuccess; }
+ncclResult_t exec_check_waiting(const struct work *w) {
+  if (w->comm->arena)
+    CHECK(flat_check_crossed(w));
+  return w->flat.on ? flat_check(w) : ncclSuccess;
+}

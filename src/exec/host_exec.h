@@ -95,7 +95,8 @@ int exec_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t
 int exec_waiting_rank(const struct work *w);
 
 /* While nothing moves: the error of a rank the work waits for without a
- * connection (a flat collective's barrier) that failed or exited. */
+ * connection (a flat collective's barrier) that failed or exited, or of
+ * a call of another rank's that crossed this one in the host's arena. */
 ncclResult_t exec_check_waiting(const struct work *w);
 
 /* A sentence fragment saying what the work waits for, for timeouts. */

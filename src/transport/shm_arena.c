@@ -21,6 +21,8 @@ _Static_assert(sizeof(struct arena_rank) % 64 == 0, "a rank's line pair is whole
 _Static_assert(offsetof(struct arena_head, total) % 64 == 0, "the count has a line of its own");
 _Static_assert(offsetof(struct arena_head, gen) % 64 == 0, "the generation has a line of its own");
 _Static_assert(offsetof(struct arena_head, posted) % 64 == 0, "the posted count has a line of its own");
+_Static_assert(sizeof(struct arena_call) == 64 && offsetof(struct arena_rank, call) % 64 == 0,
+               "a call's header has a line of its own");
 _Static_assert(sizeof(struct arena_slot) % 64 == 0 && offsetof(struct arena_rank, slot) % 64 == 0,
                "slots are whole cache lines");
 _Static_assert(sizeof(struct slot_hdr) + 8 <= 40, "a slot's flag, header and first data share its first line");
@@ -242,7 +244,7 @@ uint64_t arena_arrive(struct shm_arena *a) {
 }
 
 void arena_post(struct shm_arena *a, uint64_t use) {
-  atomic_store_explicit(&a->ranks[a->me].slot[use & 1].flag, use + 1, memory_order_release);
+  arena_hdr_end(&a->ranks[a->me].slot[use & 1].flag, use);
   /* Every post moves the count, so that a rank that read it before
    * finding a slot missing sleeps only while none was posted since. */
   atomic_fetch_add(&a->head->posted, 1);

@@ -35,12 +35,49 @@ struct arena_slot {
   char pad[24];
 };
 
+/* A round's call, written under its flag as a slot's header is: another
+ * rank's stall check reads both without waiting (arena_hdr_read). */
+struct arena_call {
+  _Atomic uint64_t flag;      /* 1 + the round, 0 while being written */
+  struct slot_hdr hdr;
+  uint64_t pad[3];
+};
+
 struct arena_rank {
   _Atomic uint64_t arrived;   /* barriers this rank has reached */
   uint64_t pad[7];
-  struct slot_hdr hdr[2];     /* its call, per buffer */
+  struct arena_call call[2];  /* its call, per buffer (rounds that meet at barriers) */
   struct arena_slot slot[2];  /* per buffer */
 };
+
+/* Writing a header (and a slot's data) under its flag: 0 first, the
+ * round's flag last, so that a reader that sees the same non-zero flag
+ * before and after its copy has a whole header. */
+static inline void arena_hdr_begin(_Atomic uint64_t *flag) {
+  atomic_store_explicit(flag, 0, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+}
+
+static inline void arena_hdr_end(_Atomic uint64_t *flag, uint64_t use) {
+  atomic_store_explicit(flag, use + 1, memory_order_release);
+}
+
+/* A peer's header read while it may be writing it: 1 and *out where the
+ * copy is whole, 0 where it is being written (or was never). */
+static inline int arena_hdr_read(_Atomic uint64_t *flag, const volatile struct slot_hdr *h, struct slot_hdr *out) {
+  uint64_t f1 = atomic_load_explicit(flag, memory_order_acquire);
+  out->count = h->count;
+  out->bytes = h->bytes;
+  out->coll = h->coll;
+  out->dtype = h->dtype;
+  out->op = h->op;
+  out->where = h->where;
+  out->root = h->root;
+  out->sender = h->sender;
+  out->seq = h->seq;
+  atomic_thread_fence(memory_order_acquire);
+  return f1 != 0 && atomic_load_explicit(flag, memory_order_relaxed) == f1;
+}
 
 struct arena_head {
   uint64_t magic;
@@ -96,8 +133,9 @@ static inline int arena_passed(const struct shm_arena *a, uint64_t b) {
   return atomic_load_explicit(&a->head->gen, memory_order_acquire) > b;
 }
 
-/* Posts this rank's slot of round `use` (its data and header written):
- * the flag, then the count that sleepers wait on. */
+/* Posts this rank's slot of round `use` (its data and header written
+ * after arena_hdr_begin on its flag): the flag, then the count that
+ * sleepers wait on. */
 void arena_post(struct shm_arena *a, uint64_t use);
 
 static inline int arena_slot_posted(const struct shm_arena *a, int rank, uint64_t use) {
