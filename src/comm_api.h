@@ -27,6 +27,9 @@ ncclResult_t comm_init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id,
 
 /* Frees everything the communicator holds, whatever state it is in. */
 void comm_destroy_all(struct ncclComm *comm);
+/* The host's arena for flat collectives (transport/shm_arena.h) and the
+ * tuner's view of it: at init, and again at ncclCommResume. Collective. */
+ncclResult_t comm_arena_setup(struct ncclComm *comm);
 /* Frees what ncclCommSuspend kept for ncclCommResume (comm_suspend.c). */
 void comm_suspend_free(struct ncclComm *comm);
 /* Releases the works a communicator keeps for reuse (enqueue.c). */

@@ -13,12 +13,14 @@
  */
 #include "core.h"
 #include "api.h"
+#include "algorithms/tuner.h"
 #include "bootstrap/bootstrap.h"
 #include "comm_api.h"
 #include "exec/cuda/cuda_exec.h"
 #include "group.h"
 #include "misc/cudamem.h"
 #include "misc/utils.h"
+#include "transport/shm_arena.h"
 #include "transport/transport.h"
 
 #include <stdatomic.h>
@@ -53,6 +55,8 @@ void comm_suspend_free(struct ncclComm *comm) {
 static void mem_now(struct ncclComm *comm, uint64_t *releasable, uint64_t *persist) {
   uint64_t dev = 0, host = 0;
   transport_mem(comm, &dev, &host);
+  if (comm->arena)
+    host += comm->arena->map_size;
   *releasable = comm->is_host ? host : dev + cuda_comm_dev_bytes(comm);
   *persist = 0;
 }
@@ -126,6 +130,9 @@ static ncclResult_t suspend_run(struct ncclComm *comm) {
     cuda_set_device(comm->cuda_dev);
   transport_free_all(comm);
   cuda_restore_device(saved);
+  /* Made again by Resume, as every rank suspends and resumes. */
+  arena_free(comm);
+  comm->tuner->in.flat_ok = 0;
   /* Their schedules name the freed connections. */
   comm_free_works(comm);
   free(comm->lanes);
@@ -145,6 +152,7 @@ static ncclResult_t rebuild(struct ncclComm *comm) {
   for (int i = 0; i < s->nconns; i++)
     CHECK(transport_get_conn(comm, s->conns[i].kind, s->conns[i].channel, s->conns[i].peer, s->conns[i].dir, &c));
   CHECK(transport_connect_pending(&comm, 1));
+  CHECK(comm_arena_setup(comm));
   comm->coll_conns = s->coll_conns;
   /* Ranks leave together: a CUDA rank's allocations must not meet a
    * peer's first kernel after the resume (init.c's connect_cuda). */

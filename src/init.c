@@ -194,6 +194,14 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   return tuner_init(comm->tuner, &in);
 }
 
+ncclResult_t comm_arena_setup(struct ncclComm *comm) {
+  CHECK(arena_setup(comm));
+  /* Every rank has the arena or none has (arena_setup agrees on it). */
+  comm->tuner->in.flat_ok = comm->arena != NULL;
+  comm->tuner->in.flat_round_bytes = comm->arena ? comm->arena->region : 0;
+  return ncclSuccess;
+}
+
 /* Does another rank of the communicator share rank r's host? */
 static int host_shared(const struct ncclComm *comm, int r) {
   for (int q = 0; q < comm->nranks; q++)
@@ -303,10 +311,7 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   rma_signals_connect(comm);
   CHECK(topo_setup_channels(comm));
   CHECK(tune_setup(comm));
-  CHECK(arena_setup(comm));
-  /* Every rank has the arena or none has (arena_setup agrees on it). */
-  comm->tuner->in.flat_ok = comm->arena != NULL;
-  comm->tuner->in.flat_round_bytes = comm->arena ? comm->arena->region : 0;
+  CHECK(comm_arena_setup(comm));
   if (!comm->is_host) {
     CHECK(cuda_comm_init(comm));
     CHECK(connect_cuda(comm));

@@ -120,7 +120,8 @@ void wait_reset(struct waiter *w) {
  * answers fastest by spinning; one sched_yield already costs more than a
  * small collective. since_ns is when the wait first read the clock. */
 static int wait_spin(struct waiter *w) {
-  if (w->spins < 64)
+  static long xs = -2; if (xs == -2) { const char *e = getenv("XS"); xs = e ? atol(e) : 64; }
+  if (w->spins < (unsigned)(w->spin_ns ? 64 : xs))
     return 1;
   if (w->since_ns == 0)
     w->since_ns = time_ns();
