@@ -219,7 +219,7 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
     _Atomic uint64_t *counter;
     _Atomic uint32_t *sleepers;
     uint64_t seen;
-    if (wt.spins >= (wt.spin_ns ? 64u : 0u) && active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
+    if (wait_spun(&wt) && active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
       wait_sleep_on(&wt, counter, seen, sleepers);
     else
       wait_pause(&wt);

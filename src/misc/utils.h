@@ -50,6 +50,11 @@ struct waiter {
   uint64_t since_ns;
   uint64_t spin_ns;
 };
+/* Pauses a spinning wait makes before it reads the clock. */
+#define WAIT_FIRST_PAUSES 64u
+/* Whether the wait is past its first pauses, where a caller may look for
+ * something to sleep on. */
+static inline int wait_spun(const struct waiter *w) { return w->spin_ns == 0 || w->spins >= WAIT_FIRST_PAUSES; }
 void wait_init(struct waiter *w, uint64_t spin_ns);
 void wait_reset(struct waiter *w);
 void wait_pause(struct waiter *w);
