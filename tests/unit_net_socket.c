@@ -1,7 +1,8 @@
 /*
  * The socket plugin on its own, both ends in this process over loopback:
  * messages of every size around the split threshold arrive whole and in
- * order with each shape of threads and sockets; a message larger than the
+ * order with each shape of threads and sockets, also when many small ones
+ * are queued before any is read; a message larger than the
  * posted buffer is refused; a peer that closes fails what it left
  * unfinished with the usual sentence; the handshake files sockets under
  * the right connection whatever order they come in, and drops strangers;
@@ -149,6 +150,70 @@ static void shapes(void) {
     roundtrip(sizes, n, 8, 3);
     roundtrip(sizes, n, 16, 0);
   }
+}
+
+/* Small messages queued faster than they are read: the sender's
+ * requests leave together in one sendmsg, and the receiver's reads take
+ * in the next messages' lengths and payloads ahead of the requests that
+ * want them, posted one at a time only after all were sent. Sizes around
+ * every boundary of that path (0, a length word, the read-ahead buffer,
+ * the split threshold), checked byte for byte with guard bytes behind
+ * each buffer. */
+static void burst(void) {
+  static const size_t sizes[] = {0,     1,     7,     8,     9,     0,     63,    64,    65,    4095,
+                                 4096,  16376, 16383, 16384, 16385, 16392, 65535, 65536, 65537, 3,
+                                 0,     72,    80,    200,   1,     0,     32768, 5,     16384, 0};
+  enum { N = sizeof sizes / sizeof sizes[0], SLACK = 16, BATCH = 2 * NCCL_STEPS };
+  void *s, *r;
+  pair(&s, &r);
+  size_t off[N + 1];
+  off[0] = 0;
+  for (int i = 0; i < N; i++)
+    off[i + 1] = off[i] + sizes[i] + SLACK;
+  unsigned char *src = malloc(off[N]), *dst = malloc(off[N]);
+  ASSERT(src && dst);
+  memset(dst, 0xee, off[N]);
+  for (int i = 0; i < N; i++)
+    fill(src + off[i], sizes[i], 900u + (unsigned)i);
+  for (int first = 0; first < N; first += BATCH) {
+    int last = first + BATCH < N ? first + BATCH : N;
+    void *sreq[BATCH];
+    int sdone[BATCH] = {0};
+    for (int i = first; i < last; i++) {
+      ASSERT_OK(P->isend(s, src + off[i], sizes[i], NULL, &sreq[i - first]));
+      ASSERT(sreq[i - first]);
+    }
+    /* Nothing is read yet: what the kernel takes piles up on the receiving socket. */
+    for (int k = 0; k < 1000; k++)
+      for (int i = first; i < last; i++)
+        if (!sdone[i - first])
+          ASSERT_OK(P->test(sreq[i - first], &sdone[i - first], NULL));
+    for (int i = first; i < last; i++) {
+      void *rreq;
+      ASSERT_OK(P->irecv(r, dst + off[i], sizes[i] + SLACK, NULL, &rreq));
+      ASSERT(rreq);
+      int rdone = 0;
+      size_t got = 0;
+      while (!rdone) {
+        ASSERT_MSG(P->test(rreq, &rdone, &got) == ncclSuccess, "%s", err_thread_last());
+        for (int j = first; j < last; j++)
+          if (!sdone[j - first])
+            ASSERT_OK(P->test(sreq[j - first], &sdone[j - first], NULL));
+      }
+      ASSERT_MSG(got == sizes[i], "message %d: %zu bytes received of %zu", i, got, sizes[i]);
+      ASSERT_MSG(memcmp(src + off[i], dst + off[i], sizes[i]) == 0, "message %d of %zu bytes arrived changed", i,
+                 sizes[i]);
+      for (size_t k = 0; k < SLACK; k++)
+        ASSERT_MSG(dst[off[i] + sizes[i] + k] == 0xee, "message %d wrote past its end", i);
+    }
+    for (int i = first; i < last; i++)
+      while (!sdone[i - first])
+        ASSERT_OK(P->test(sreq[i - first], &sdone[i - first], NULL));
+  }
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  free(src);
+  free(dst);
 }
 
 /* The ring of requests is full at 2 x NCCL_STEPS: further posts get no
@@ -318,6 +383,12 @@ TEST_IMPL(unit_net_socket) {
   ASSERT_OK(P->init());
   int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
   shapes();
+  set_shape(0, 1, 65536);
+  burst();
+  set_shape(2, 2, 4096);
+  burst();
+  set_shape(1, 1, 16384);
+  burst();
   ring_full();
   set_shape(0, 1, 65536);
   too_large(1000, 5000);
