@@ -1,7 +1,8 @@
 /*
  * The socket plugin's insides, shared by net_socket.c (devices, the
- * connection handshake, the control stream driven by test()) and
- * net_socket_thread.c (the helper threads that move large messages).
+ * connection handshake, requests and test()), net_socket_stream.c (the
+ * control stream's system calls) and net_socket_thread.c (the helper
+ * threads that move large messages).
  *
  * A connection is one control socket plus nsocks = nthreads x
  * nsocks_per_thread data sockets. Every message starts on the control
@@ -170,6 +171,17 @@ ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *
  * (recorded on the comm). */
 int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t len, size_t *done);
 size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len);
+
+/* Whether a message of `len` bytes travels in chunks on the data sockets
+ * (else whole on the control socket). */
+static inline int sock_is_large(const struct sock_comm *c, uint64_t len) {
+  return c->nsocks > 0 && len > c->min_task;
+}
+
+/* Moves as much of the control stream as the socket takes, oldest request
+ * first, without blocking (net_socket_stream.c); a failure is recorded on
+ * the comm. */
+void sock_progress(struct sock_comm *c);
 
 /* Cuts request `r` (len known) into chunks and queues them on the data
  * sockets, starting helpers as needed. */
