@@ -2,13 +2,15 @@
  * The socket plugin on its own, both ends in this process over loopback:
  * messages of every size around the split threshold arrive whole and in
  * order with each shape of threads and sockets, also when many small ones
- * are queued before any is read; a message larger than the
- * posted buffer is refused; a peer that closes fails what it left
- * unfinished with the usual sentence; the handshake files sockets under
- * the right connection whatever order they come in, and drops strangers;
- * closing joins the helper threads and closes every descriptor.
+ * are queued before any is read; the descriptors a waiting caller blocks
+ * on; a message larger than the posted buffer is refused; a peer that
+ * closes fails what it left unfinished with the usual sentence; the
+ * handshake files sockets under the right connection whatever order they
+ * come in, and drops strangers; closing joins the helper threads and
+ * closes every descriptor.
  */
 #include <dirent.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -216,6 +218,77 @@ static void burst(void) {
   free(dst);
 }
 
+/* Drains a 64 MiB message that `s` could only partly send: the receiver
+ * takes it while the sender keeps pushing. */
+static void drain(void *s, void *sreq, void *r, size_t size) {
+  char *dst = malloc(size);
+  ASSERT(dst);
+  void *rreq;
+  ASSERT_OK(P->irecv(r, dst, size, NULL, &rreq));
+  wait_two(sreq, NULL, rreq, NULL);
+  free(dst);
+}
+
+/* What an executor with nothing else to do blocks on (poll_fds): nothing
+ * while no request is in flight; the control socket, readable while a
+ * receive waits, writable while the socket cannot take a send; never a
+ * descriptor (-1) while a request is finished but not yet tested, or its
+ * chunks are with a helper thread. */
+static void poll_fds(void) {
+  set_shape(0, 1, 65536);
+  void *s, *r;
+  pair(&s, &r);
+  struct pollfd fds[2];
+  ASSERT(P->poll_fds(s, fds, 2) == 0 && P->poll_fds(r, fds, 2) == 0);
+  char a[8] = "first", b[8] = "second", got[2][8];
+  void *rr[2], *sr[2];
+  ASSERT_OK(P->irecv(r, got[0], sizeof got[0], NULL, &rr[0]));
+  ASSERT_OK(P->irecv(r, got[1], sizeof got[1], NULL, &rr[1]));
+  ASSERT(P->poll_fds(r, fds, 2) == 1 && fds[0].events == POLLIN);
+  struct pollfd rfd = fds[0];
+  ASSERT_MSG(poll(&rfd, 1, 0) == 0, "the control socket is readable before anything was sent");
+  ASSERT_OK(P->isend(s, a, sizeof a, NULL, &sr[0]));
+  ASSERT_OK(P->isend(s, b, sizeof b, NULL, &sr[1]));
+  ASSERT(P->poll_fds(s, fds, 2) == 1 && fds[0].events == POLLOUT); /* posted, not yet moved */
+  int done = 0;
+  ASSERT_OK(P->test(sr[0], &done, NULL)); /* both leave in one sendmsg */
+  ASSERT(done);
+  ASSERT_MSG(P->poll_fds(s, fds, 2) == -1, "a finished send waiting for test() has a descriptor to wait on");
+  ASSERT_OK(P->test(sr[1], &done, NULL));
+  ASSERT(done && P->poll_fds(s, fds, 2) == 0);
+  ASSERT_MSG(poll(&rfd, 1, 10000) == 1, "the control socket never became readable");
+  for (done = 0; !done;)
+    ASSERT_OK(P->test(rr[1], &done, NULL)); /* the first one is finished too, untested */
+  ASSERT_MSG(P->poll_fds(r, fds, 2) == -1, "a finished receive waiting for test() has a descriptor to wait on");
+  ASSERT_OK(P->test(rr[0], &done, NULL));
+  ASSERT(done && P->poll_fds(r, fds, 2) == 0 && strcmp(got[0], a) == 0 && strcmp(got[1], b) == 0);
+  /* A send larger than the kernel's buffers, with no reader: the socket
+   * stays full, and the sender waits for it to take more. */
+  size_t big = 64u << 20;
+  char *src = calloc(1, big);
+  ASSERT(src);
+  void *bs;
+  ASSERT_OK(P->isend(s, src, big, NULL, &bs));
+  ASSERT_OK(P->test(bs, &done, NULL));
+  ASSERT(!done && P->poll_fds(s, fds, 2) == 1 && fds[0].events == POLLOUT);
+  ASSERT_MSG(poll(fds, 1, 0) == 0, "a full socket is writable");
+  drain(s, bs, r, big);
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  /* With a helper thread: once the length has gone, the chunks are the
+   * thread's to move, and no descriptor of the caller's says when. */
+  set_shape(1, 1, 4096);
+  pair(&s, &r);
+  ASSERT_OK(P->isend(s, src, big, NULL, &bs));
+  ASSERT_OK(P->test(bs, &done, NULL));
+  ASSERT(!done);
+  ASSERT_MSG(P->poll_fds(s, fds, 2) == -1, "a send with the helper threads has a descriptor to wait on");
+  drain(s, bs, r, big);
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  free(src);
+}
+
 /* The ring of requests is full at 2 x NCCL_STEPS: further posts get no
  * request, and work again once one finishes. */
 static void ring_full(void) {
@@ -390,6 +463,7 @@ TEST_IMPL(unit_net_socket) {
   set_shape(1, 1, 16384);
   burst();
   ring_full();
+  poll_fds();
   set_shape(0, 1, 65536);
   too_large(1000, 5000);
   set_shape(2, 2, 65536);

@@ -614,6 +614,7 @@ const struct net_plugin net_socket_plugin = {
     .test = sock_test,
     .iflush = net_no_iflush,
     .activity = sock_activity,
+    .poll_fds = sock_poll_fds,
     .close_send = sock_close,
     .close_recv = sock_close,
     .close_listen = sock_close_listen,

@@ -48,6 +48,7 @@
 /* How often a receiver asks TCP again for delayed ACKs (net_socket.c). */
 #define SOCK_ACK_REARM_NS 1000000ull
 
+struct pollfd;
 struct sock_comm;
 struct sock_req;
 
@@ -182,6 +183,11 @@ static inline int sock_is_large(const struct sock_comm *c, uint64_t len) {
  * first, without blocking (net_socket_stream.c); a failure is recorded on
  * the comm. */
 void sock_progress(struct sock_comm *c);
+
+/* The plugin's poll_fds (net_socket_stream.c): the control socket while
+ * its stream owes or awaits bytes; -1 while chunks are with the helper
+ * threads, a request is finished but not yet tested, or the comm failed. */
+int sock_poll_fds(void *comm, struct pollfd *fds, int max);
 
 /* Cuts request `r` (len known) into chunks and queues them on the data
  * sockets, starting helpers as needed. */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -192,4 +193,26 @@ void sock_progress(struct sock_comm *c) {
     progress_send(c);
   else
     progress_recv(c);
+}
+
+int sock_poll_fds(void *comm, struct pollfd *fds, int max) {
+  struct sock_comm *c = comm;
+  if (atomic_load(&c->failed) != ncclSuccess || max < 1)
+    return -1;
+  int waiting = 0;
+  for (unsigned i = c->head; i != c->tail; i++) {
+    struct sock_req *r = &c->reqs[i % SOCK_MAX_REQS];
+    if (!r->used)
+      continue;
+    if (!r->ctrl_done)
+      waiting = 1;
+    else
+      return -1; /* with the helpers, or done and waiting for test() */
+  }
+  /* A receiver's read-ahead holds no bytes a posted request wants once
+   * the stream has been progressed; if it does, there is work to do. */
+  if (!waiting || (!c->is_send && c->ahead_len > 0))
+    return waiting ? -1 : 0;
+  fds[0] = (struct pollfd){.fd = c->fd, .events = c->is_send ? POLLOUT : POLLIN};
+  return 1;
 }
