@@ -16,8 +16,10 @@
 #include "transport/net/net.h"
 #include "transport/net/socket/net_socket.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <linux/tcp.h> /* tcpi_bytes_acked, which glibc's struct tcp_info lacks */
 #include <poll.h>
 #include <pthread.h>
@@ -266,6 +268,46 @@ static ncclResult_t sock_listen_dev(int dev, void *handle, void **listen_comm) {
   return ncclSuccess;
 }
 
+/* Whether both ends of a connected socket are this host: the same
+ * address, or a loopback one. */
+static int same_host(int fd) {
+  union sock_addr me, peer;
+  socklen_t lm = sizeof me, lp = sizeof peer;
+  if (getsockname(fd, &me.sa, &lm) != 0 || getpeername(fd, &peer.sa, &lp) != 0 ||
+      me.sa.sa_family != peer.sa.sa_family)
+    return 0;
+  if (peer.sa.sa_family == AF_INET)
+    return me.sin.sin_addr.s_addr == peer.sin.sin_addr.s_addr || (ntohl(peer.sin.sin_addr.s_addr) >> 24) == 127;
+  if (peer.sa.sa_family == AF_INET6)
+    return memcmp(&me.sin6.sin6_addr, &peer.sin6.sin6_addr, sizeof me.sin6.sin6_addr) == 0 ||
+           IN6_IS_ADDR_LOOPBACK(&peer.sin6.sin6_addr);
+  return 0;
+}
+
+/* A connection within this host has no link to share or probe: the
+ * kernel hands each segment to the receiving socket as it is sent. A
+ * pacing congestion control (BBR, many distributions' default) still
+ * spaces the segments out by its bandwidth estimate, with a timer: 2
+ * processes over loopback, AllReduce 64 MiB took 40 ms with BBR and 28 ms
+ * with Reno, 1 MiB on 4 ranks 2.1 ms against 1.0 ms. Such connections use
+ * Reno, which every kernel has and lets any process choose; on failure
+ * they keep the default. Connections to other hosts keep the system's
+ * choice. */
+static void same_host_cc(int fd) {
+  static _Atomic int said;
+  if (!same_host(fd))
+    return;
+  static const char cc[] = "reno";
+  int ok = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, sizeof cc - 1) == 0;
+  int e = errno;
+  if (!atomic_exchange(&said, 1)) {
+    if (ok)
+      INFO(LOG_NET, "NET/Socket: connections within this host use TCP congestion control %s (no pacing)", cc);
+    else
+      INFO(LOG_NET, "NET/Socket: connections within this host keep the default congestion control: %s", strerror(e));
+  }
+}
+
 /* Advances TCP connection i of a connecting comm; 1 once it is up. */
 static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
   int *fd = link_fd(c, i);
@@ -296,6 +338,8 @@ static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
   }
     /* fall through */
   case 2: {
+    if (c->link_sent[i] == 0)
+      same_host_cc(*fd);
     struct sock_hello h = {.cookie = c->cookie, .conn_id = c->conn_id, .index = (uint32_t)i,
                            .nsocks = (uint32_t)c->nsocks};
     while (c->link_sent[i] < sizeof h) {
@@ -471,6 +515,7 @@ static ncclResult_t sock_accept_conn(void *listen_comm, void **recv_comm) {
       greet_drop(l, victim);
     }
     sock_set_nodelay(fd);
+    same_host_cc(fd);
     struct sock_greet *g = &l->greet[l->ngreet++];
     memset(g, 0, sizeof *g);
     g->fd = fd;
