@@ -258,7 +258,8 @@ static void seg_describe(struct seg_desc *d, const void *addr, size_t size, int 
   }
 }
 
-static int same_file(int fd, const struct seg_desc *d) {
+static int same_file(int fd, const void *arg) {
+  const struct seg_desc *d = arg;
   struct stat st;
   return fstat(fd, &st) == 0 && (uint64_t)st.st_dev == d->dev && (uint64_t)st.st_ino == d->ino &&
          (uint64_t)st.st_size == d->seg_size;
@@ -305,24 +306,9 @@ static void seg_reach(struct ncclComm *comm, int peer, const struct seg_desc *d,
      * (Yama may refuse; LOOM_SHM_PIDFD_GETFD=0 turns it off), its /proc
      * entry only the right to read it. Either is checked to be the file
      * the owner described. */
-    int fd = -1, e1 = EBADF, e2 = 0;
+    int fd = -1, e1, e2;
     int pidfd = comm->peer_pidfd && param_int(P_SHM_PIDFD_GETFD) ? comm->peer_pidfd[peer] : -1;
-    if (pidfd >= 0 && (e1 = shm_seg_pidfd_getfd(pidfd, d->fd, &fd)) == 0 && !same_file(fd, d)) {
-      close(fd);
-      fd = -1;
-      e1 = ESTALE;
-    }
-    if (fd < 0) {
-      char path[64];
-      snprintf(path, sizeof path, "/proc/%d/fd/%d", p->pid, d->fd);
-      fd = open(path, O_RDWR | O_CLOEXEC);
-      e2 = fd < 0 ? errno : 0;
-      if (fd >= 0 && !same_file(fd, d)) {
-        close(fd);
-        fd = -1;
-        e2 = ESTALE;
-      }
-    }
+    shm_seg_take(pidfd, p->pid, d->fd, same_file, d, &fd, &e1, &e2);
     if (fd >= 0) {
       void *m = mmap(NULL, d->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       int e = errno;

@@ -61,7 +61,8 @@ static void attach(struct shm_arena *a, void *map, size_t size, int n, int me) {
   a->me = me;
 }
 
-static int same_file(int fd, const struct arena_rec *r) {
+static int same_file(int fd, const void *arg) {
+  const struct arena_rec *r = arg;
   struct stat st;
   return fstat(fd, &st) == 0 && (uint64_t)st.st_dev == r->dev && (uint64_t)st.st_ino == r->ino &&
          (uint64_t)st.st_size == r->size;
@@ -70,7 +71,7 @@ static int same_file(int fd, const struct arena_rec *r) {
 /* Rank 0's segment, mapped here: the mapping, or NULL with `why`. */
 static void *map_owner(struct ncclComm *comm, const struct arena_rec *o, char *why, size_t len) {
   const struct peer_info *me = &comm->peers[comm->rank], *p = &comm->peers[0];
-  int fd = -1, e1 = EBADF, e2 = 0, own = p->proc_id == me->proc_id;
+  int fd = -1, e1, e2, own = p->proc_id == me->proc_id;
   if (own) {
     /* A thread of the owner's process: its descriptor is ours. */
     fd = o->fd;
@@ -83,23 +84,7 @@ static void *map_owner(struct ncclComm *comm, const struct arena_rec *o, char *w
     return NULL;
   } else {
     int pidfd = comm->peer_pidfd && param_int(P_SHM_PIDFD_GETFD) ? comm->peer_pidfd[0] : -1;
-    if (pidfd >= 0 && (e1 = shm_seg_pidfd_getfd(pidfd, o->fd, &fd)) == 0 && !same_file(fd, o)) {
-      close(fd);
-      fd = -1;
-      e1 = ESTALE;
-    }
-    if (fd < 0) {
-      char path[64];
-      snprintf(path, sizeof path, "/proc/%d/fd/%d", p->pid, o->fd);
-      fd = open(path, O_RDWR | O_CLOEXEC);
-      e2 = fd < 0 ? errno : 0;
-      if (fd >= 0 && !same_file(fd, o)) {
-        close(fd);
-        fd = -1;
-        e2 = ESTALE;
-      }
-    }
-    if (fd < 0) {
+    if (shm_seg_take(pidfd, p->pid, o->fd, same_file, o, &fd, &e1, &e2) != 0) {
       snprintf(why, len, "cannot take rank 0's segment from its process (pid %d): pidfd_getfd: %s; /proc: %s",
                p->pid, e1 == ESTALE ? "another file" : strerror(e1), e2 == ESTALE ? "another file" : strerror(e2));
       return NULL;

@@ -335,6 +335,33 @@ int shm_seg_pidfd_getfd(int pidfd, int target, int *fd) {
   return 0;
 }
 
+int shm_seg_take(int pidfd, pid_t pid, int target, int (*same)(int fd, const void *arg), const void *arg, int *out,
+                 int *e_pidfd, int *e_proc) {
+  int fd = -1;
+  *e_pidfd = EBADF;
+  *e_proc = 0;
+  if (pidfd >= 0 && (*e_pidfd = shm_seg_pidfd_getfd(pidfd, target, &fd)) == 0 && !same(fd, arg)) {
+    close(fd);
+    fd = -1;
+    *e_pidfd = ESTALE;
+  }
+  if (fd < 0) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, target);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    *e_proc = fd < 0 ? errno : 0;
+    if (fd >= 0 && !same(fd, arg)) {
+      close(fd);
+      fd = -1;
+      *e_proc = ESTALE;
+    }
+  }
+  if (fd < 0)
+    return -1;
+  *out = fd;
+  return 0;
+}
+
 /* A connection to the owner's socket, checked: 0 with *sock, or errno. */
 static int connect_owner(const char *name, pid_t expect_pid, int *sock, char *why, size_t len) {
   struct sockaddr_un a;

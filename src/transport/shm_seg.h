@@ -59,6 +59,13 @@ void shm_seg_server_close(struct shm_seg_server *s);
 
 /* The peer's descriptor `target`, taken with pidfd_getfd: 0, or errno. */
 int shm_seg_pidfd_getfd(int pidfd, int target, int *fd);
+/* Descriptor `target` of process `pid` as one of this process: with
+ * pidfd_getfd on `pidfd` (where not -1), else by opening
+ * /proc/<pid>/fd/<target>; either must pass `same` (the file the owner
+ * described). 0 with *fd, else -1 with each way's errno in *e_pidfd and
+ * *e_proc (ESTALE: another file). */
+int shm_seg_take(int pidfd, pid_t pid, int target, int (*same)(int fd, const void *arg), const void *arg, int *fd,
+                 int *e_pidfd, int *e_proc);
 /* Connects to the owner's socket `name` and asks for segment `token`, if
  * the socket is served by this user and, where expect_pid is not 0, by
  * that process: 0 with *sock; EAGAIN when its backlog is full; else an
