@@ -17,7 +17,7 @@
 
 #define ARENA_MAGIC 0x4c6f6f6d4172656eull /* "LoomAren" */
 
-_Static_assert(sizeof(struct arena_rank) % 64 == 0, "a rank's line pair is whole cache lines");
+_Static_assert(sizeof(struct arena_rank) % 64 == 0, "a rank's part is whole cache lines");
 _Static_assert(offsetof(struct arena_head, total) % 64 == 0, "the count has a line of its own");
 _Static_assert(offsetof(struct arena_head, gen) % 64 == 0, "the generation has a line of its own");
 _Static_assert(offsetof(struct arena_head, posted) % 64 == 0, "the posted count has a line of its own");
