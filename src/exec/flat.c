@@ -31,10 +31,29 @@ static void round_range(const struct work *w, uint64_t *off, uint64_t *len) {
   *len = LOOM_MIN(w->flat.per_round, w->task->count - *off);
 }
 
-/* The local input enters the arena with PreMulSum's scalar applied, the
- * one thing about a reduction that differs between ranks. */
+/* The reduction as a flat call applies it: `in` to this rank's input as
+ * it enters (PreMulSum's scalar, the one thing about a reduction that
+ * differs between ranks), `partial` to combine the inputs. Each element
+ * is summed in one place, so Avg on float and double sums the inputs as
+ * they are and divides once at the end, rather than scaling each by
+ * 1/nranks first: the mean of integers comes out exact, as a sum does.
+ * The narrow types keep the scaling, whose sum cannot overflow them. */
+static void flat_ops(const struct work *w, struct red_op *in, struct red_op *partial) {
+  *in = w->task->red;
+  int dt = w->task->dtype;
+  if (w->task->op == ncclAvg && in->premul && (dt == ncclFloat32 || dt == ncclFloat64)) {
+    in->premul = 0;
+    in->postdiv = 1;
+    in->divisor = w->comm->nranks;
+  }
+  *partial = *in;
+  partial->premul = 0;
+}
+
 static void write_input(const struct work *w, char *to, const char *from, uint64_t n) {
-  const struct red_op *op = &w->task->red;
+  struct red_op in, partial;
+  flat_ops(w, &in, &partial);
+  const struct red_op *op = &in;
   if (n == 0)
     return;
   if (op->premul)
@@ -101,7 +120,8 @@ static void reduce_whole(struct work *w, const struct shm_arena *a, const struct
 /* This rank's slice: its own input first (from its buffer: in place, the
  * output is the input), then the others' in rank order, the last step
  * writing the result into the output and this rank's region at once. */
-static void reduce_slice(struct work *w, const struct shm_arena *a, const struct red_op *partial) {
+static void reduce_slice(struct work *w, const struct shm_arena *a, const struct red_op *in,
+                         const struct red_op *partial) {
   uint64_t off, len, lo, hi;
   round_range(w, &off, &len);
   slice_of(w, len, a->me, &lo, &hi);
@@ -110,7 +130,7 @@ static void reduce_slice(struct work *w, const struct shm_arena *a, const struct
   for (uint64_t b = lo; b < hi; b += block) {
     uint64_t n = LOOM_MIN(block, hi - b);
     char *dst = w->dst + (off + b) * w->esize;
-    red_copy(&w->task->red, dst, NULL, w->src + (off + b) * w->esize, n, 0);
+    red_copy(in, dst, NULL, w->src + (off + b) * w->esize, n, 0);
     for (int r = 0; r < a->nranks; r++) {
       if (r == a->me)
         continue;
@@ -155,8 +175,8 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
     return err_set(ncclInternalError, "rank %d: a flat collective was planned on a communicator without an arena",
                    comm->rank);
   /* The others' data had PreMulSum applied by their ranks. */
-  struct red_op partial = w->task->red;
-  partial.premul = 0;
+  struct red_op in, partial;
+  flat_ops(w, &in, &partial);
   for (;;) {
     switch (w->flat.state) {
     case FLAT_WRITE:
@@ -174,7 +194,7 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
         w->flat.state = FLAT_DONE;
         break;
       }
-      reduce_slice(w, a, &partial);
+      reduce_slice(w, a, &in, &partial);
       w->flat.bar = arena_arrive(a);
       w->flat.state = FLAT_GATHER;
       *moved = 1;
