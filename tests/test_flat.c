@@ -145,29 +145,19 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   return 0;
 }
 
-TEST_IMPL(flat_mismatch_count) {
+static int mismatch_test(const char *what) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "20", 1);
-  return run_ranks(3, mismatch_rank, "count");
+  return run_ranks(3, mismatch_rank, (void *)what);
 }
 
-TEST_IMPL(flat_mismatch_count_slices) {
-  setenv("NCCL_ALGO", "allreduce:flat", 1);
-  setenv("LOOM_TIMEOUT", "20", 1);
-  return run_ranks(3, mismatch_rank, "count_slices");
-}
+TEST_IMPL(flat_mismatch_count) { return mismatch_test("count"); }
 
-TEST_IMPL(flat_mismatch_modes) {
-  setenv("NCCL_ALGO", "allreduce:flat", 1);
-  setenv("LOOM_TIMEOUT", "20", 1);
-  return run_ranks(3, mismatch_rank, "modes");
-}
+TEST_IMPL(flat_mismatch_count_slices) { return mismatch_test("count_slices"); }
 
-TEST_IMPL(flat_mismatch_op) {
-  setenv("NCCL_ALGO", "allreduce:flat", 1);
-  setenv("LOOM_TIMEOUT", "20", 1);
-  return run_ranks(3, mismatch_rank, "op");
-}
+TEST_IMPL(flat_mismatch_modes) { return mismatch_test("modes"); }
+
+TEST_IMPL(flat_mismatch_op) { return mismatch_test("op"); }
 
 /* One rank without the arena (LOOM_SHM_FLAT=0): nobody uses it, and the
  * forced algorithm falls back to rings with the right results. */
