@@ -50,10 +50,7 @@ static void flat_ops(const struct work *w, struct red_op *in, struct red_op *par
   partial->premul = 0;
 }
 
-static void write_input(const struct work *w, char *to, const char *from, uint64_t n) {
-  struct red_op in, partial;
-  flat_ops(w, &in, &partial);
-  const struct red_op *op = &in;
+static void write_input(const struct work *w, const struct red_op *op, char *to, const char *from, uint64_t n) {
   if (n == 0)
     return;
   if (op->premul)
@@ -76,7 +73,7 @@ static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a)
   return ncclSuccess;
 }
 
-static void write_round(struct work *w, struct shm_arena *a) {
+static void write_round(struct work *w, struct shm_arena *a, const struct red_op *in) {
   uint64_t off, len, lo, hi;
   round_range(w, &off, &len);
   w->flat.use = a->use++;
@@ -85,7 +82,7 @@ static void write_round(struct work *w, struct shm_arena *a) {
   if (w->flat.whole) {
     struct arena_slot *slot = &a->ranks[a->me].slot[w->flat.use & 1];
     arena_hdr_begin(&slot->flag);
-    write_input(w, slot->data, src, len);
+    write_input(w, in, slot->data, src, len);
     slot_mine(w->task, w->seq, a->me, &slot->hdr);
     slot->hdr.bytes = 0;
     arena_post(a, w->flat.use);
@@ -93,8 +90,8 @@ static void write_round(struct work *w, struct shm_arena *a) {
   }
   /* This rank's own slice it reads from its input. */
   slice_of(w, len, a->me, &lo, &hi);
-  write_input(w, mine, src, lo);
-  write_input(w, mine + hi * w->esize, src + hi * w->esize, len - hi);
+  write_input(w, in, mine, src, lo);
+  write_input(w, in, mine + hi * w->esize, src + hi * w->esize, len - hi);
   if (w->flat.round == 0) {
     struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
     arena_hdr_begin(&c->flag);
@@ -180,7 +177,7 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
   for (;;) {
     switch (w->flat.state) {
     case FLAT_WRITE:
-      write_round(w, a);
+      write_round(w, a, &in);
       w->flat.state = FLAT_REDUCE;
       *moved = 1;
       break;
