@@ -130,11 +130,15 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
     op = ncclMax;
   for (size_t i = 0; i <= BIG; i++)
     buf[i] = 1.0f;
+  double t0 = now_s();
   ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat, op, comm, NULL);
+  double took = now_s() - t0;
   char msg[4096], name[32];
   snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
   fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
   RASSERT(r == ncclInvalidUsage || r == ncclRemoteError, "rank %d: the mismatched call returned %d", rank, (int)r);
+  /* Named from the headers, not found by LOOM_TIMEOUT (20 s). */
+  RASSERT(took < 5, "rank %d took %.1f s to name the mismatch", rank, took);
   snprintf(name, sizeof name, "count %d", strcmp(what, "count_slices") == 0 ? BIG + 1 : strcmp(what, "modes") == 0 ? BIG : 65);
   RASSERT(strstr(msg, strcmp(what, "op") == 0 ? "max" : name) != NULL,
           "rank %d: the message does not name the difference: %s", rank, msg);
