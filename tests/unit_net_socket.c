@@ -5,6 +5,7 @@
  * posted buffer is refused; a peer that closes fails what it left
  * unfinished with the usual sentence; the handshake files sockets under
  * the right connection whatever order they come in, and drops strangers;
+ * a connector whose socket a listener closed unread dials again;
  * closing joins the helper threads and closes every descriptor.
  */
 #include <dirent.h>
@@ -16,6 +17,7 @@
 #include "misc/socket.h"
 #include "misc/utils.h"
 #include "transport/net/net.h"
+#include "transport/net/socket/net_socket.h"
 #include "test.h"
 
 static const struct net_plugin *P = &net_socket_plugin;
@@ -312,6 +314,59 @@ static void handshake(void) {
   }
 }
 
+/* A stand-in listener reads each hello the connector sends and answers
+ * it with `answer`, or with nothing but a close for the first `drops`. */
+static ncclResult_t dial_fake(int drops, unsigned char answer, void **s) {
+  set_shape(0, 1, 65536);
+  char handle[NET_HANDLE_MAXSIZE];
+  void *l = NULL;
+  ASSERT_OK(P->listen(0, handle, &l));
+  ASSERT_OK(P->close_listen(l));
+  union sock_addr addr;
+  memcpy(&addr, handle + 8, sizeof addr);
+  addr.sin.sin_port = 0;
+  int lfd;
+  ASSERT_OK(sock_listen(&addr, &lfd, &addr));
+  memcpy(handle + 8, &addr, sizeof addr);
+  *s = NULL;
+  uint64_t conn_id = 0;
+  ncclResult_t e = ncclInProgress;
+  for (int k = 0; k <= drops; k++) {
+    ASSERT(P->connect(0, handle, s) == ncclInProgress);
+    int fd = accept(lfd, NULL, NULL); /* the connect is under way: this returns */
+    ASSERT(fd >= 0);
+    struct sock_hello h;
+    size_t got = 0;
+    while (got < sizeof h) {
+      ASSERT(P->connect(0, handle, s) == ncclInProgress);
+      ssize_t n = recv(fd, (char *)&h + got, sizeof h - got, MSG_DONTWAIT);
+      ASSERT(n != 0);
+      got += n > 0 ? (size_t)n : 0;
+    }
+    ASSERT_MSG(k == 0 || h.conn_id == conn_id, "dial %d came from another connection", k);
+    conn_id = h.conn_id;
+    if (k < drops) {
+      close(fd);
+      continue;
+    }
+    ASSERT(write(fd, &answer, 1) == 1);
+    for (int spin = 0; (e = P->connect(0, handle, s)) == ncclInProgress; spin++)
+      ASSERT_MSG(spin < 10000000, "the connector never read the answer");
+    close(fd);
+  }
+  close(lfd);
+  return e;
+}
+
+static void dial_again(void) {
+  void *s;
+  ASSERT_OK(dial_fake(2, SOCK_ANSWER, &s));
+  ASSERT_OK(P->close_send(s));
+  ASSERT(dial_fake(0, 0x00, &s) == ncclRemoteError);
+  ASSERT_MSG(strstr(err_thread_last(), "not a Loom socket listener's"), "%s", err_thread_last());
+  ASSERT_OK(P->close_send(s));
+}
+
 TEST_IMPL(unit_net_socket) {
   setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   setenv("NCCL_DEBUG", "WARN", 1);
@@ -332,6 +387,7 @@ TEST_IMPL(unit_net_socket) {
     peer_closes(0, 64 << 20);
   }
   handshake();
+  dial_again();
   ASSERT_MSG(count_entries("/proc/self/fd") == fds, "%d descriptors open, %d before",
              count_entries("/proc/self/fd"), fds);
   ASSERT_MSG(count_entries("/proc/self/task") == threads, "%d threads, %d before",

@@ -305,11 +305,37 @@ static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return ncclSuccess;
-      return err_set(ncclRemoteError, "the connection with %s broke while greeting: %s", c->where,
-                     n == 0 ? "closed by the peer" : strerror(errno));
+      goto redial; /* closed unread by a listener that had too many */
     }
     c->link_state[i] = 3;
-    *up = 1;
+  }
+    /* fall through */
+  case 3: {
+    /* Sent is not received: a listener flooded by strangers may close
+     * this socket unread. Only its answer says the hello was filed; an
+     * end instead of one means dial again. */
+    unsigned char a;
+    ssize_t n = recv(*fd, &a, 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return ncclSuccess;
+    if (n == 1 && a != SOCK_ANSWER)
+      return err_set(ncclRemoteError, "%s answered socket %d's hello with byte 0x%02x, not a Loom socket listener's",
+                     c->where, i, a);
+    if (n == 0)
+      errno = 0;
+    if (n == 1) {
+      c->link_state[i] = 4;
+      *up = 1;
+      return ncclSuccess;
+    }
+  redial:
+    INFO(LOG_NET, "NET/Socket: %s closed socket %d before answering its hello (%s); dialing again", c->where, i,
+         errno ? strerror(errno) : "closed");
+    close(*fd);
+    *fd = -1;
+    c->link_sent[i] = 0;
+    c->link_state[i] = 0;
+    return dial_link(c, i, up); /* stops at the connect under way */
   }
   }
   return ncclSuccess;
@@ -355,7 +381,7 @@ static ncclResult_t sock_connect_dev(int dev, const void *handle, void **send_co
     *send_comm = c;
   }
   for (int i = 0; i <= c->nsocks; i++) {
-    if (c->link_state[i] == 3)
+    if (c->link_state[i] == 4)
       continue;
     int up;
     CHECK(dial_link(c, i, &up));
@@ -404,6 +430,16 @@ static ncclResult_t greet_file(struct sock_listen *l, int k, struct sock_comm **
   int *fd = link_fd(c, (int)g->h.index);
   if (*fd >= 0) {
     WARN("NET/Socket: dropped a second socket %u of one connection to %s from %s", g->h.index, l->where, g->from);
+    greet_drop(l, k);
+    return ncclSuccess;
+  }
+  /* The answer tells the connector its socket is filed; a fresh
+   * socket's buffer has room for the byte, so a failed send means the
+   * connection is gone and its connector dials again. */
+  static const unsigned char answer = SOCK_ANSWER;
+  if (send(g->fd, &answer, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    INFO(LOG_NET, "NET/Socket: could not answer the hello of socket %u from %s: %s", g->h.index, g->from,
+         strerror(errno));
     greet_drop(l, k);
     return ncclSuccess;
   }
@@ -473,7 +509,9 @@ static ncclResult_t sock_accept_conn(void *listen_comm, void **recv_comm) {
     struct sock_greet *g = &l->greet[l->ngreet++];
     memset(g, 0, sizeof *g);
     g->fd = fd;
-    g->until = now + SOCK_GREET_NS;
+    /* Read afresh, so that of the silent ones the victim is the first
+     * accepted, not whichever came first in the table. */
+    g->until = time_ns() + SOCK_GREET_NS;
     sock_addr_str(&from, g->from, sizeof g->from);
     /* A connector sends its hello as soon as it is connected. */
     CHECK(greet_read(l, l->ngreet - 1, now, &done));

@@ -61,6 +61,10 @@ struct sock_hello {
   uint32_t index, nsocks;
 };
 
+/* The listener's one-byte answer to a hello it has filed; until it comes,
+ * the connector's socket may still be closed unread. */
+#define SOCK_ANSWER 0xa5
+
 /*
  * Pure checks of what comes from peers, shared with
  * tests/fuzz/fuzz_socket_msg.c. A handle arrives from the peer rank over
@@ -126,7 +130,8 @@ struct sock_comm {
   struct sock_stream socks[SOCK_MAX_SOCKS];
   struct sock_helper helpers[SOCK_MAX_THREADS];
   /* The connector's progress: socket i (nsocks: the control socket) is
-   * not started (0), connecting (1), greeting (2) or up (3). */
+   * not started (0), connecting (1), greeting (2), waiting for the
+   * listener's answer (3) or up (4). */
   uint8_t link_state[SOCK_MAX_SOCKS + 1];
   uint8_t link_sent[SOCK_MAX_SOCKS + 1];
   int nlinks_up;
