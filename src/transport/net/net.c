@@ -125,6 +125,7 @@ ncclResult_t net_no_iflush(void *recv_comm, void *data, size_t size, void *mhand
 }
 
 uint64_t net_no_activity(void *comm) { return 0; }
+int net_no_poll_fds(void *comm, struct pollfd *fds, int max) { return -1; }
 
 ncclResult_t net_config_name(const char *name) {
   if (name[0] == '\0')
@@ -539,6 +540,19 @@ static uint64_t net_activity(struct conn *c) {
   return a;
 }
 
+/* The executor blocks on these only when every connection it waits on
+ * has some: slots the plugin has not taken yet, a flush, or a failure
+ * (which check reports) keep it polling. */
+static int net_wait_fds(struct conn *c, struct pollfd *fds, int max) {
+  struct net_priv *np = c->priv;
+  if (!np || !np->comm || np->error != ncclSuccess || np->flush)
+    return -1;
+  if (c->dir == CONN_SEND ? np->posted < atomic_load(c->fifo.tail)
+                          : np->posted < atomic_load(c->fifo.head) + NCCL_STEPS)
+    return -1;
+  return np->p->poll_fds(np->comm, fds, max);
+}
+
 static ncclResult_t net_check(struct conn *c) {
   CHECK(net_failed(c));
   return comm_peer_alive(c->comm, c->peer);
@@ -585,6 +599,7 @@ const struct transport transport_net = {
     .activity = net_activity,
     .next_hdr = transport_fifo_next_hdr,
     .failed = net_failed,
+    .wait_fds = net_wait_fds,
     .conn_name = net_conn_name,
     .poison = net_poison,
     .free = net_free,
