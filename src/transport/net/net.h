@@ -68,6 +68,12 @@ struct net_plugin {
    * flight), or -1 where they move otherwise (helper threads, bytes the
    * plugin holds already) and the caller must not block. */
   int (*poll_fds)(void *comm, struct pollfd *fds, int max);
+  /* For a rank whose wait has stalled: looks for an error the comm's
+   * connections have reported since their last call (a reset on a socket
+   * whose sends all left, which nothing reads or writes any more), fails
+   * the comm with it and returns it. net_no_probe where errors surface
+   * through test() alone. */
+  ncclResult_t (*probe)(void *comm);
   ncclResult_t (*close_send)(void *send_comm);
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
@@ -80,6 +86,7 @@ ncclResult_t net_no_iflush(void *recv_comm, void *data, size_t size, void *mhand
 uint64_t net_no_activity(void *comm);
 /* -1: the caller must not block on descriptors. */
 int net_no_poll_fds(void *comm, struct pollfd *fds, int max);
+ncclResult_t net_no_probe(void *comm);
 
 extern const struct net_plugin net_socket_plugin;
 extern const struct net_plugin net_ib_plugin;

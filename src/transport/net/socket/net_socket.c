@@ -634,6 +634,22 @@ static uint64_t sock_activity(void *comm) {
   return a;
 }
 
+/* A socket's pending error (SO_ERROR, which reading it clears: the comm
+ * keeps it). An orderly end sets none, so a peer that read everything
+ * and closed is not reported. */
+static ncclResult_t sock_probe(void *comm) {
+  struct sock_comm *c = comm;
+  for (int s = -1; s < c->nsocks && atomic_load(&c->failed) == ncclSuccess; s++) {
+    int fd = s < 0 ? c->fd : c->socks[s].fd, e = 0;
+    socklen_t len = sizeof e;
+    if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e != 0) {
+      sock_comm_fail(c, ncclRemoteError, "the connection with %s %s", c->where, sock_broken_reason(-1, e));
+      return report(c);
+    }
+  }
+  return ncclSuccess;
+}
+
 static int req_finished(struct sock_req *r) {
   return r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_acquire) == 0;
 }
@@ -697,6 +713,7 @@ const struct net_plugin net_socket_plugin = {
     .test = sock_test,
     .iflush = net_no_iflush,
     .activity = sock_activity,
+    .probe = sock_probe,
     .poll_fds = sock_poll_fds,
     .close_send = sock_close,
     .close_recv = sock_close,
