@@ -8,7 +8,8 @@
  * it left unfinished with the usual sentence; the handshake files sockets
  * under the right connection whatever order they come in, and drops
  * strangers; a connector whose socket a listener closed unread dials
- * again; closing joins the helper threads and closes every descriptor.
+ * again; a reset after the last send is found by probe; closing joins
+ * the helper threads and closes every descriptor.
  */
 #include <dirent.h>
 #include <netinet/in.h>
@@ -401,6 +402,33 @@ static void peer_closes(int close_sender, size_t size) {
   free(dst);
 }
 
+/* probe: a send whose bytes all left is finished, so nothing would see a
+ * reset that comes after it; the probe reads it off the socket. A
+ * receiver that read everything and closed is an orderly end, no error. */
+static void probe_after_send(int unread) {
+  set_shape(0, 1, 65536);
+  void *s, *r, *req;
+  pair(&s, &r);
+  char buf[1000] = {0}, dst[1000];
+  ASSERT_OK(P->isend(s, buf, sizeof buf, NULL, &req));
+  ASSERT_OK(wait_req(req, NULL));
+  if (!unread) {
+    ASSERT_OK(P->irecv(r, dst, sizeof dst, NULL, &req));
+    ASSERT_OK(wait_req(req, NULL));
+  }
+  ASSERT_OK(P->close_recv(r)); /* with bytes unread, the kernel resets */
+  ncclResult_t e = ncclSuccess;
+  uint64_t until = time_ns() + 5000000000ull;
+  while (unread && e == ncclSuccess && time_ns() < until)
+    e = P->probe(s);
+  if (unread)
+    ASSERT_MSG(e == ncclRemoteError && strstr(err_thread_last(), "was reset"), "probe after a reset: %d: %s", (int)e,
+               err_thread_last());
+  else
+    ASSERT_MSG(P->probe(s) == ncclSuccess, "probe after an orderly close: %s", err_thread_last());
+  ASSERT_OK(P->close_send(s));
+}
+
 /* A stranger's connection to the listener (no cookie) is dropped; two
  * connections whose sockets arrive interleaved are told apart. */
 static void handshake(void) {
@@ -544,6 +572,8 @@ TEST_IMPL(unit_net_socket) {
   }
   handshake();
   dial_again();
+  probe_after_send(1);
+  probe_after_send(0);
   ASSERT_MSG(count_entries("/proc/self/fd") == fds, "%d descriptors open, %d before",
              count_entries("/proc/self/fd"), fds);
   ASSERT_MSG(count_entries("/proc/self/task") == threads, "%d threads, %d before",

@@ -637,7 +637,7 @@ static uint64_t sock_activity(void *comm) {
 /* A socket's pending error (SO_ERROR, which reading it clears: the comm
  * keeps it). An orderly end sets none, so a peer that read everything
  * and closed is not reported. */
-static ncclResult_t sock_probe(void *comm) {
+static ncclResult_t sock_probe_errors(void *comm) {
   struct sock_comm *c = comm;
   for (int s = -1; s < c->nsocks && atomic_load(&c->failed) == ncclSuccess; s++) {
     int fd = s < 0 ? c->fd : c->socks[s].fd, e = 0;
@@ -713,7 +713,7 @@ const struct net_plugin net_socket_plugin = {
     .test = sock_test,
     .iflush = net_no_iflush,
     .activity = sock_activity,
-    .probe = sock_probe,
+    .probe = sock_probe_errors,
     .poll_fds = sock_poll_fds,
     .close_send = sock_close,
     .close_recv = sock_close,
