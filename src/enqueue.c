@@ -21,6 +21,7 @@
 #include "status.h"
 #include "transport/transport.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,31 @@ static ncclResult_t check_stalled(struct comm_plan *plans, int n, uint64_t idle_
   return ncclSuccess;
 }
 
+/* Descriptors to block on: those of every connection of the active works,
+ * as long as each of them has its progress announced by descriptors (the
+ * network's sockets); 0 where one does not, and the rank must poll. */
+#define RUN_WAIT_FDS 64
+static int run_wait_fds(struct comm_plan *plans, int n, struct pollfd *fds) {
+  int nf = 0;
+  for (int i = 0; i < n; i++)
+    for (int l = 0; l < plans[i].nlanes; l++) {
+      struct work *w = plans[i].lanes[l].head;
+      /* A flat collective moves in the arena, which no descriptor shows. */
+      if (w && w->flat.on)
+        return 0;
+      for (int k = 0; w && k < w->nrecvs + w->nsends; k++) {
+        struct conn *c = k < w->nrecvs ? w->recvs[k] : w->sends[k - w->nrecvs];
+        if (!c)
+          continue;
+        int m = transport_wait_fds(c, fds + nf, RUN_WAIT_FDS - nf);
+        if (m < 0)
+          return 0;
+        nf += m;
+      }
+    }
+  return nf;
+}
+
 static ncclResult_t run(struct comm_plan *plans, int n) {
   struct waiter wt;
   uint64_t spin = n > 0 ? plans[0].comm->spin_ns : 0;
@@ -215,12 +241,20 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
       }
     }
     /* One work blocked on one shared-memory FIFO can sleep until its peer
-     * moves it; with several, each may be the one to move first. */
+     * moves it; with several, each may be the one to move first. Works
+     * that wait only on network sockets, where every round of polling is
+     * a system call, spin, yield a little, then block in poll() on them
+     * (wait_poll) instead of yielding on: a rank that only yields keeps
+     * taking the CPU from the peers on this host it waits for. */
     _Atomic uint64_t *counter;
     _Atomic uint32_t *sleepers;
     uint64_t seen;
+    struct pollfd fds[RUN_WAIT_FDS];
+    int nfds;
     if (wait_spun(&wt) && active == 1 && exec_sleep_target(only, &counter, &seen, &sleepers))
       wait_sleep_on(&wt, counter, seen, sleepers);
+    else if ((nfds = run_wait_fds(plans, n, fds)) > 0)
+      wait_poll(&wt, fds, nfds);
     else
       wait_pause(&wt);
   }

@@ -15,7 +15,8 @@ set(LOOM_SOURCES
   # transports and the network plugins
   src/transport/transport.c src/transport/p2p.c src/transport/shm.c src/transport/shm_seg.c src/transport/shm_arena.c
   src/transport/net/net.c src/transport/net/net_gdr.c
-  src/transport/net/socket/net_socket.c src/transport/net/socket/net_socket_thread.c
+  src/transport/net/socket/net_socket.c src/transport/net/socket/net_socket_stream.c
+  src/transport/net/socket/net_socket_thread.c
   src/transport/net/ib/net_ib.c src/transport/net/ib/net_ib_conn.c src/transport/net/ib/net_ib_hca.c
   src/transport/net/ib/net_ib_verbs.c
   src/transport/net/ext/net_ext.c src/transport/net/ext/net_ext_v8.c src/transport/net/ext/net_ext_v9.c

@@ -1,14 +1,20 @@
 /*
  * The socket plugin on its own, both ends in this process over loopback:
  * messages of every size around the split threshold arrive whole and in
- * order with each shape of threads and sockets; a message larger than the
- * posted buffer is refused; a peer that closes fails what it left
- * unfinished with the usual sentence; the handshake files sockets under
- * the right connection whatever order they come in, and drops strangers;
- * a connector whose socket a listener closed unread dials again;
- * closing joins the helper threads and closes every descriptor.
+ * order with each shape of threads and sockets, also when many small ones
+ * are queued before any is read; the descriptors a waiting caller blocks
+ * on, and the congestion control of a loopback connection; a message
+ * larger than the posted buffer is refused; a peer that closes fails what
+ * it left unfinished with the usual sentence; the handshake files sockets
+ * under the right connection whatever order they come in, and drops
+ * strangers; a connector whose socket a listener closed unread dials
+ * again; a reset after the last send is found by probe; closing joins
+ * the helper threads and closes every descriptor.
  */
 #include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -153,6 +159,150 @@ static void shapes(void) {
   }
 }
 
+/* Small messages queued faster than they are read: the sender's
+ * requests leave together in one sendmsg, and the receiver's reads take
+ * in the next messages' lengths and payloads ahead of the requests that
+ * want them, posted one at a time only after all were sent. Sizes around
+ * every boundary of that path (0, a length word, the read-ahead buffer,
+ * the split threshold), checked byte for byte with guard bytes behind
+ * each buffer. */
+static void burst(void) {
+  static const size_t sizes[] = {0,     1,     7,     8,     9,     0,     63,    64,    65,    4095,
+                                 4096,  16376, 16383, 16384, 16385, 16392, 65535, 65536, 65537, 3,
+                                 0,     72,    80,    200,   1,     0,     32768, 5,     16384, 0};
+  enum { N = sizeof sizes / sizeof sizes[0], SLACK = 16, BATCH = 2 * NCCL_STEPS };
+  void *s, *r;
+  pair(&s, &r);
+  size_t off[N + 1];
+  off[0] = 0;
+  for (int i = 0; i < N; i++)
+    off[i + 1] = off[i] + sizes[i] + SLACK;
+  unsigned char *src = malloc(off[N]), *dst = malloc(off[N]);
+  ASSERT(src && dst);
+  memset(dst, 0xee, off[N]);
+  for (int i = 0; i < N; i++)
+    fill(src + off[i], sizes[i], 900u + (unsigned)i);
+  for (int first = 0; first < N; first += BATCH) {
+    int last = first + BATCH < N ? first + BATCH : N;
+    void *sreq[BATCH];
+    int sdone[BATCH] = {0};
+    for (int i = first; i < last; i++) {
+      ASSERT_OK(P->isend(s, src + off[i], sizes[i], NULL, &sreq[i - first]));
+      ASSERT(sreq[i - first]);
+    }
+    /* Nothing is read yet: what the kernel takes piles up on the receiving socket. */
+    for (int k = 0; k < 1000; k++)
+      for (int i = first; i < last; i++)
+        if (!sdone[i - first])
+          ASSERT_OK(P->test(sreq[i - first], &sdone[i - first], NULL));
+    for (int i = first; i < last; i++) {
+      void *rreq;
+      ASSERT_OK(P->irecv(r, dst + off[i], sizes[i] + SLACK, NULL, &rreq));
+      ASSERT(rreq);
+      int rdone = 0;
+      size_t got = 0;
+      while (!rdone) {
+        ASSERT_MSG(P->test(rreq, &rdone, &got) == ncclSuccess, "%s", err_thread_last());
+        for (int j = first; j < last; j++)
+          if (!sdone[j - first])
+            ASSERT_OK(P->test(sreq[j - first], &sdone[j - first], NULL));
+      }
+      ASSERT_MSG(got == sizes[i], "message %d: %zu bytes received of %zu", i, got, sizes[i]);
+      ASSERT_MSG(memcmp(src + off[i], dst + off[i], sizes[i]) == 0, "message %d of %zu bytes arrived changed", i,
+                 sizes[i]);
+      for (size_t k = 0; k < SLACK; k++)
+        ASSERT_MSG(dst[off[i] + sizes[i] + k] == 0xee, "message %d wrote past its end", i);
+    }
+    for (int i = first; i < last; i++)
+      while (!sdone[i - first])
+        ASSERT_OK(P->test(sreq[i - first], &sdone[i - first], NULL));
+  }
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  free(src);
+  free(dst);
+}
+
+/* Drains a 64 MiB message that `s` could only partly send: the receiver
+ * takes it while the sender keeps pushing. */
+static void drain(void *s, void *sreq, void *r, size_t size) {
+  char *dst = malloc(size);
+  ASSERT(dst);
+  void *rreq;
+  ASSERT_OK(P->irecv(r, dst, size, NULL, &rreq));
+  wait_two(sreq, NULL, rreq, NULL);
+  free(dst);
+}
+
+/* What an executor with nothing else to do blocks on (poll_fds): nothing
+ * while no request is in flight; the control socket, readable while a
+ * receive waits, writable while the socket cannot take a send; never a
+ * descriptor (-1) while a request is finished but not yet tested, or its
+ * chunks are with a helper thread. Both ends of a loopback connection use
+ * Reno, which does not pace. */
+static void poll_fds(void) {
+  set_shape(0, 1, 65536);
+  void *s, *r;
+  pair(&s, &r);
+  struct pollfd fds[2];
+  ASSERT(P->poll_fds(s, fds, 2) == 0 && P->poll_fds(r, fds, 2) == 0);
+  char a[8] = "first", b[8] = "second", got[2][8];
+  void *rr[2], *sr[2];
+  ASSERT_OK(P->irecv(r, got[0], sizeof got[0], NULL, &rr[0]));
+  ASSERT_OK(P->irecv(r, got[1], sizeof got[1], NULL, &rr[1]));
+  ASSERT(P->poll_fds(r, fds, 2) == 1 && fds[0].events == POLLIN);
+  struct pollfd rfd = fds[0];
+  ASSERT_MSG(poll(&rfd, 1, 0) == 0, "the control socket is readable before anything was sent");
+  /* A kernel without the option (some sandboxes) has nothing to check. */
+  char cc[16] = "";
+  socklen_t len = sizeof cc;
+  int have_cc = getsockopt(rfd.fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) == 0;
+  ASSERT_MSG(!have_cc || strcmp(cc, "reno") == 0, "the receiving socket uses %s", cc);
+  ASSERT_OK(P->isend(s, a, sizeof a, NULL, &sr[0]));
+  ASSERT_OK(P->isend(s, b, sizeof b, NULL, &sr[1]));
+  ASSERT(P->poll_fds(s, fds, 2) == 1 && fds[0].events == POLLOUT); /* posted, not yet moved */
+  len = sizeof cc;
+  ASSERT_MSG(!have_cc || (getsockopt(fds[0].fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) == 0 && strcmp(cc, "reno") == 0),
+             "the sending socket uses %s", cc);
+  int done = 0;
+  ASSERT_OK(P->test(sr[0], &done, NULL)); /* both leave in one sendmsg */
+  ASSERT(done);
+  ASSERT_MSG(P->poll_fds(s, fds, 2) == -1, "a finished send waiting for test() has a descriptor to wait on");
+  ASSERT_OK(P->test(sr[1], &done, NULL));
+  ASSERT(done && P->poll_fds(s, fds, 2) == 0);
+  ASSERT_MSG(poll(&rfd, 1, 10000) == 1, "the control socket never became readable");
+  for (done = 0; !done;)
+    ASSERT_OK(P->test(rr[1], &done, NULL)); /* the first one is finished too, untested */
+  ASSERT_MSG(P->poll_fds(r, fds, 2) == -1, "a finished receive waiting for test() has a descriptor to wait on");
+  ASSERT_OK(P->test(rr[0], &done, NULL));
+  ASSERT(done && P->poll_fds(r, fds, 2) == 0 && strcmp(got[0], a) == 0 && strcmp(got[1], b) == 0);
+  /* A send larger than the kernel's buffers, with no reader: the socket
+   * stays full, and the sender waits for it to take more. */
+  size_t big = 64u << 20;
+  char *src = calloc(1, big);
+  ASSERT(src);
+  void *bs;
+  ASSERT_OK(P->isend(s, src, big, NULL, &bs));
+  ASSERT_OK(P->test(bs, &done, NULL));
+  ASSERT(!done && P->poll_fds(s, fds, 2) == 1 && fds[0].events == POLLOUT);
+  ASSERT_MSG(poll(fds, 1, 0) == 0, "a full socket is writable");
+  drain(s, bs, r, big);
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  /* With a helper thread: once the length has gone, the chunks are the
+   * thread's to move, and no descriptor of the caller's says when. */
+  set_shape(1, 1, 4096);
+  pair(&s, &r);
+  ASSERT_OK(P->isend(s, src, big, NULL, &bs));
+  ASSERT_OK(P->test(bs, &done, NULL));
+  ASSERT(!done);
+  ASSERT_MSG(P->poll_fds(s, fds, 2) == -1, "a send with the helper threads has a descriptor to wait on");
+  drain(s, bs, r, big);
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+  free(src);
+}
+
 /* The ring of requests is full at 2 x NCCL_STEPS: further posts get no
  * request, and work again once one finishes. */
 static void ring_full(void) {
@@ -250,6 +400,33 @@ static void peer_closes(int close_sender, size_t size) {
   ASSERT_OK(close_sender ? P->close_recv(r) : P->close_send(s));
   free(buf);
   free(dst);
+}
+
+/* probe: a send whose bytes all left is finished, so nothing would see a
+ * reset that comes after it; the probe reads it off the socket. A
+ * receiver that read everything and closed is an orderly end, no error. */
+static void probe_after_send(int unread) {
+  set_shape(0, 1, 65536);
+  void *s, *r, *req;
+  pair(&s, &r);
+  char buf[1000] = {0}, dst[1000];
+  ASSERT_OK(P->isend(s, buf, sizeof buf, NULL, &req));
+  ASSERT_OK(wait_req(req, NULL));
+  if (!unread) {
+    ASSERT_OK(P->irecv(r, dst, sizeof dst, NULL, &req));
+    ASSERT_OK(wait_req(req, NULL));
+  }
+  ASSERT_OK(P->close_recv(r)); /* with bytes unread, the kernel resets */
+  ncclResult_t e = ncclSuccess;
+  uint64_t until = time_ns() + 5000000000ull;
+  while (unread && e == ncclSuccess && time_ns() < until)
+    e = P->probe(s);
+  if (unread)
+    ASSERT_MSG(e == ncclRemoteError && strstr(err_thread_last(), "was reset"), "probe after a reset: %d: %s", (int)e,
+               err_thread_last());
+  else
+    ASSERT_MSG(P->probe(s) == ncclSuccess, "probe after an orderly close: %s", err_thread_last());
+  ASSERT_OK(P->close_send(s));
 }
 
 /* A stranger's connection to the listener (no cookie) is dropped; two
@@ -373,7 +550,14 @@ TEST_IMPL(unit_net_socket) {
   ASSERT_OK(P->init());
   int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
   shapes();
+  set_shape(0, 1, 65536);
+  burst();
+  set_shape(2, 2, 4096);
+  burst();
+  set_shape(1, 1, 16384);
+  burst();
   ring_full();
+  poll_fds();
   set_shape(0, 1, 65536);
   too_large(1000, 5000);
   set_shape(2, 2, 65536);
@@ -388,6 +572,8 @@ TEST_IMPL(unit_net_socket) {
   }
   handshake();
   dial_again();
+  probe_after_send(1);
+  probe_after_send(0);
   ASSERT_MSG(count_entries("/proc/self/fd") == fds, "%d descriptors open, %d before",
              count_entries("/proc/self/fd"), fds);
   ASSERT_MSG(count_entries("/proc/self/task") == threads, "%d threads, %d before",

@@ -18,7 +18,7 @@
 #include "test.h"
 
 #define OPS(X) \
-  X(can_connect) X(setup) X(connect) X(progress) X(flushed) X(check) X(failed) X(activity) X(conn_name) X(poison) X(free)
+  X(can_connect) X(setup) X(connect) X(progress) X(flushed) X(check) X(failed) X(activity) X(wait_fds) X(conn_name) X(poison) X(free)
 
 /* 1 (and a line saying so) where a table's op is NULL. */
 static int absent(const void *fn, const char *kind, const char *name, const char *op) {
@@ -37,7 +37,7 @@ static int missing_ops(const struct transport *t) {
 
 #define PLUGIN_OPS(X)                                                                                        \
   X(init) X(devices) X(get_properties) X(listen) X(connect) X(accept) X(reg_mr) X(reg_mr_dmabuf) X(dereg_mr) \
-  X(isend) X(irecv) X(test) X(iflush) X(activity) X(close_send) X(close_recv) X(close_listen)
+  X(isend) X(irecv) X(test) X(iflush) X(activity) X(poll_fds) X(probe) X(close_send) X(close_recv) X(close_listen)
 
 static int missing_plugin_ops(const struct net_plugin *t) {
   int missing = 0;

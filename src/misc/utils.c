@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,30 @@ void wait_pause(struct waiter *w) {
   }
   struct timespec ts = {0, 50000};
   nanosleep(&ts, NULL);
+}
+
+/* Yielding a while before blocking matters where ranks outnumber CPUs:
+ * the peer the rank waits for is often the one a yield runs, and a rank
+ * woken from poll() waits for a CPU that its peers keep busy. 4 processes
+ * on 2 CPUs, AllReduce 1 MiB over loopback sockets: 1.8 ms blocking at
+ * once, 1.7 ms only yielding, 0.9 ms yielding 100 us then blocking (50 us:
+ * 1.0 ms, 200 us: 1.1 ms). */
+#define WAIT_POLL_YIELD_NS 100000ull
+
+void wait_poll(struct waiter *w, struct pollfd *fds, int nfds) {
+  w->spins++;
+  uint64_t now = time_ns();
+  if (w->since_ns == 0)
+    w->since_ns = now;
+  if (now - w->since_ns < w->spin_ns) {
+    cpu_relax();
+    return;
+  }
+  if (now - w->since_ns < w->spin_ns + WAIT_POLL_YIELD_NS) {
+    sched_yield();
+    return;
+  }
+  poll(fds, (nfds_t)nfds, 1);
 }
 
 /* Shared (not private) futexes: the words live in memory mapped by

@@ -64,6 +64,13 @@ void wait_pause(struct waiter *w);
  * caller's periodic checks still run. `sleepers` counts the sleeping
  * threads, for the peer's fifo_wake. */
 void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _Atomic uint32_t *sleepers);
+/* For a wait whose every round costs a system call (sockets): spins for
+ * spin_ns from the wait's first round (not at all where spin_ns is 0),
+ * yields for 100 us more, then blocks in poll() until one of the
+ * descriptors is ready, at most a millisecond so the caller's periodic
+ * checks still run. */
+struct pollfd;
+void wait_poll(struct waiter *w, struct pollfd *fds, int nfds);
 
 /* The futex word of a 64-bit counter: its low half. */
 static inline _Atomic uint32_t *util_low_word(_Atomic uint64_t *p) {

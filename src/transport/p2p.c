@@ -320,6 +320,7 @@ const struct transport transport_p2p = {
     .check = p2p_check,
     .failed = transport_no_failure,
     .activity = transport_no_activity,
+    .wait_fds = transport_no_wait_fds,
     .next_hdr = p2p_next_hdr,
     .conn_name = transport_plain_name,
     .poison = p2p_poison,

@@ -461,6 +461,7 @@ const struct transport transport_shm = {
     .check = shm_check,
     .failed = transport_no_failure,
     .activity = transport_no_activity,
+    .wait_fds = transport_no_wait_fds,
     .next_hdr = transport_fifo_next_hdr,
     .conn_name = transport_plain_name,
     .poison = shm_poison,

@@ -280,6 +280,7 @@ ncclResult_t transport_no_failure(struct conn *c) { return ncclSuccess; }
 uint64_t transport_no_activity(struct conn *c) { return 0; }
 const char *transport_plain_name(const struct conn *c) { return c->tr->name; }
 void transport_no_poison(struct conn *c, const char *why) {}
+int transport_no_wait_fds(struct conn *c, struct pollfd *fds, int max) { return -1; }
 
 _Static_assert(sizeof(struct slot_hdr) % sizeof(uint64_t) == 0, "a slot header is read in words");
 

@@ -19,6 +19,7 @@
 
 struct ncclComm;
 struct conn;
+struct pollfd;
 
 enum conn_dir { CONN_SEND = 0, CONN_RECV = 1 };
 /* Connections of different algorithms never share a FIFO, so that their
@@ -99,6 +100,13 @@ struct transport {
    * not known yet (device memory is read through a copy that a stuck
    * kernel may hold up: started now, answered at a later call). */
   int (*next_hdr)(struct conn *c, struct slot_hdr *out);
+  /* For a rank with nothing else to do: the descriptors whose readiness
+   * would let this connection's transfers in flight move. Fills at most
+   * `max` and returns how many (0: nothing in flight), or -1 where
+   * progress does not come from descriptors (memory, helper threads,
+   * bytes already buffered) and the rank must not block
+   * (transport_no_wait_fds, memory's transports). */
+  int (*wait_fds)(struct conn *c, struct pollfd *fds, int max);
   /* What the connection is called in loomCommPeerTransport: the
    * transport's name (transport_plain_name), or more ("net/ib"). */
   const char *(*conn_name)(const struct conn *c);
@@ -114,6 +122,7 @@ ncclResult_t transport_no_failure(struct conn *c);
 uint64_t transport_no_activity(struct conn *c);
 const char *transport_plain_name(const struct conn *c);
 void transport_no_poison(struct conn *c, const char *why);
+int transport_no_wait_fds(struct conn *c, struct pollfd *fds, int max);
 /* next_hdr of a FIFO whose counters and headers are host memory (shm,
  * net). */
 int transport_fifo_next_hdr(struct conn *c, struct slot_hdr *out);
@@ -218,5 +227,8 @@ static inline ncclResult_t transport_failed(struct conn *c) { return c->tr->fail
 static inline uint64_t transport_activity(struct conn *c) { return c->tr->activity(c); }
 static inline int transport_next_hdr(struct conn *c, struct slot_hdr *out) { return c->tr->next_hdr(c, out); }
 static inline const char *transport_conn_name(const struct conn *c) { return c->tr->conn_name(c); }
+static inline int transport_wait_fds(struct conn *c, struct pollfd *fds, int max) {
+  return c->tr->wait_fds(c, fds, max);
+}
 
 #endif

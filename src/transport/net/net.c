@@ -125,6 +125,8 @@ ncclResult_t net_no_iflush(void *recv_comm, void *data, size_t size, void *mhand
 }
 
 uint64_t net_no_activity(void *comm) { return 0; }
+int net_no_poll_fds(void *comm, struct pollfd *fds, int max) { return -1; }
+ncclResult_t net_no_probe(void *comm) { return ncclSuccess; }
 
 ncclResult_t net_config_name(const char *name) {
   if (name[0] == '\0')
@@ -490,6 +492,22 @@ static ncclResult_t recv_progress(struct conn *c, struct net_priv *np) {
   return ncclSuccess;
 }
 
+/* Keeps the connection's first failure, `r` with the thread's sentence. */
+static void net_broke(struct conn *c, struct net_priv *np, ncclResult_t r) {
+  context(c);
+  np->error = r;
+  /* A broken connection does not say whether the peer lives: on this
+   * host its pidfd does, and the others' say who has exited by now (a
+   * peer may have given up because another rank died), when the
+   * failure is first seen. */
+  char peer[160], note[512];
+  comm_note_peer(c->comm, c->peer, peer, sizeof peer);
+  comm_note_exited(c->comm, -1, note, sizeof note);
+  if (strstr(note, peer + 2)) /* "; " off: the exited list names it already */
+    peer[0] = '\0';
+  snprintf(np->why, sizeof np->why, "%s%s%s", err_thread_last(), peer, note);
+}
+
 static ncclResult_t net_progress(struct conn *c) {
   struct net_priv *np = c->priv;
   if (np->error != ncclSuccess)
@@ -503,27 +521,22 @@ static ncclResult_t net_progress(struct conn *c) {
     return ncclSuccess;
   }
   ncclResult_t r = c->dir == CONN_SEND ? send_progress(c, np) : recv_progress(c, np);
-  if (r != ncclSuccess) {
-    context(c);
-    np->error = r;
-    /* A broken connection does not say whether the peer lives: on this
-     * host its pidfd does, and the others' say who has exited by now (a
-     * peer may have given up because another rank died), when the
-     * failure is first seen. */
-    char peer[160], note[512];
-    comm_note_peer(c->comm, c->peer, peer, sizeof peer);
-    comm_note_exited(c->comm, -1, note, sizeof note);
-    if (strstr(note, peer + 2)) /* "; " off: the exited list names it already */
-      peer[0] = '\0';
-    snprintf(np->why, sizeof np->why, "%s%s%s", err_thread_last(), peer, note);
-  }
+  if (r != ncclSuccess)
+    net_broke(c, np, r);
   return ncclSuccess;
 }
 
 static int net_flushed(struct conn *c) { return atomic_load(c->fifo.head) == atomic_load(c->fifo.tail); }
 
+/* Asked while a wait stalls: a connection whose sends have all left has
+ * no call that would see TCP report a reset, so its plugin looks. */
 static ncclResult_t net_failed(struct conn *c) {
   struct net_priv *np = c->priv;
+  if (np && np->error == ncclSuccess && np->comm) {
+    ncclResult_t r = np->p->probe(np->comm);
+    if (r != ncclSuccess)
+      net_broke(c, np, r);
+  }
   return np && np->error != ncclSuccess ? err_set(np->error, "%s", np->why) : ncclSuccess;
 }
 
@@ -537,6 +550,19 @@ static uint64_t net_activity(struct conn *c) {
   if (np->comm)
     a += np->p->activity(np->comm);
   return a;
+}
+
+/* The executor blocks on these only when every connection it waits on
+ * has some: slots the plugin has not taken yet, a flush, or a failure
+ * (which check reports) keep it polling. */
+static int net_wait_fds(struct conn *c, struct pollfd *fds, int max) {
+  struct net_priv *np = c->priv;
+  if (!np || !np->comm || np->error != ncclSuccess || np->flush)
+    return -1;
+  if (c->dir == CONN_SEND ? np->posted < atomic_load(c->fifo.tail)
+                          : np->posted < atomic_load(c->fifo.head) + NCCL_STEPS)
+    return -1;
+  return np->p->poll_fds(np->comm, fds, max);
 }
 
 static ncclResult_t net_check(struct conn *c) {
@@ -585,6 +611,7 @@ const struct transport transport_net = {
     .activity = net_activity,
     .next_hdr = transport_fifo_next_hdr,
     .failed = net_failed,
+    .wait_fds = net_wait_fds,
     .conn_name = net_conn_name,
     .poison = net_poison,
     .free = net_free,

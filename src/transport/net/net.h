@@ -22,6 +22,8 @@
 #define NET_PTR_CUDA 0x2
 #define NET_PTR_DMABUF 0x4
 
+struct pollfd;
+
 struct net_props {
   char name[64];
   char pci_path[256]; /* the device's sysfs path, "" when unknown */
@@ -60,6 +62,18 @@ struct net_plugin {
    * one. net_no_activity where the plugin reports only completed messages
    * (NCCL's external ABI); the transport counts those anyway. */
   uint64_t (*activity)(void *comm);
+  /* Optional (net_no_poll_fds where unknown): the descriptors whose readiness would
+   * let the comm's requests in flight move, for a caller that would
+   * otherwise spin. Fills at most `max` and returns how many (0: none in
+   * flight), or -1 where they move otherwise (helper threads, bytes the
+   * plugin holds already) and the caller must not block. */
+  int (*poll_fds)(void *comm, struct pollfd *fds, int max);
+  /* For a rank whose wait has stalled: looks for an error the comm's
+   * connections have reported since their last call (a reset on a socket
+   * whose sends all left, which nothing reads or writes any more), fails
+   * the comm with it and returns it. net_no_probe where errors surface
+   * through test() alone. */
+  ncclResult_t (*probe)(void *comm);
   ncclResult_t (*close_send)(void *send_comm);
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
@@ -70,6 +84,9 @@ ncclResult_t net_no_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
                                   void **mhandle);
 ncclResult_t net_no_iflush(void *recv_comm, void *data, size_t size, void *mhandle, void **request);
 uint64_t net_no_activity(void *comm);
+/* -1: the caller must not block on descriptors. */
+int net_no_poll_fds(void *comm, struct pollfd *fds, int max);
+ncclResult_t net_no_probe(void *comm);
 
 extern const struct net_plugin net_socket_plugin;
 extern const struct net_plugin net_ib_plugin;

@@ -445,6 +445,8 @@ ncclResult_t net_ext_load(const char *spec, const struct net_plugin **out) {
       .test = ext_test,
       .iflush = ext_ops.iflush ? ext_iflush : net_no_iflush,
       .activity = net_no_activity,
+      .poll_fds = net_no_poll_fds,
+      .probe = net_no_probe,
       .close_send = ext_close_send,
       .close_recv = ext_close_recv,
       .close_listen = ext_close_listen,

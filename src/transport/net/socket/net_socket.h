@@ -1,7 +1,8 @@
 /*
  * The socket plugin's insides, shared by net_socket.c (devices, the
- * connection handshake, the control stream driven by test()) and
- * net_socket_thread.c (the helper threads that move large messages).
+ * connection handshake, requests and test()), net_socket_stream.c (the
+ * control stream's system calls) and net_socket_thread.c (the helper
+ * threads that move large messages).
  *
  * A connection is one control socket plus nsocks = nthreads x
  * nsocks_per_thread data sockets. Every message starts on the control
@@ -16,7 +17,10 @@
  * the same message order, so each side knows which bytes a socket
  * carries: the receiver learns a message's length from the control socket
  * before it queues its chunks. The receiving side chooses nsocks,
- * nthreads and min_task and puts them in the handle.
+ * nthreads and min_task and puts them in the handle. The control stream
+ * moves in as few system calls as it can: one sendmsg carries the lengths
+ * and inline payloads of all the requests queued, and one read takes in
+ * what follows the bytes it wants, for the next requests.
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_NET_SOCKET_H
@@ -35,7 +39,16 @@
 #define SOCK_MAX_REQS (2 * NCCL_STEPS)
 #define SOCK_MAX_SOCKS 64   /* NCCL's cap on nthreads x nsocks_per_thread */
 #define SOCK_MAX_THREADS 16 /* NCCL's cap on NCCL_SOCKET_NTHREADS */
+/* A receiver's read of the control stream also takes up to this many
+ * bytes past what it needs, so that a small message, length and payload,
+ * comes in one read, and messages that arrived together in one. */
+#define SOCK_AHEAD 16384
+/* Control-stream pieces (lengths and inline payloads) one sendmsg takes. */
+#define SOCK_SEND_IOV 16
+/* How often a receiver asks TCP again for delayed ACKs (net_socket.c). */
+#define SOCK_ACK_REARM_NS 1000000ull
 
+struct pollfd;
 struct sock_comm;
 struct sock_req;
 
@@ -146,6 +159,12 @@ struct sock_comm {
   _Atomic int helper_failed; /* a data socket broke, not just the control one */
   _Atomic uint64_t moved; /* bytes moved on every socket, for LOOM_TIMEOUT */
   char why[256];
+  /* Receiving: control-stream bytes that a read took in past the end of
+   * what it was reading (the next lengths and inline payloads), which the
+   * next requests take before they read the socket again. */
+  size_t ahead_off, ahead_len;
+  uint64_t acks_asked; /* when a read last asked for delayed ACKs (net_socket.c) */
+  char ahead[SOCK_AHEAD];
 };
 
 /* Records the comm's first failure and returns `code`. */
@@ -158,6 +177,22 @@ ncclResult_t sock_comm_fail(struct sock_comm *c, ncclResult_t code, const char *
  * (recorded on the comm). */
 int sock_stream_move(struct sock_comm *c, int fd, int sending, char *p, size_t len, size_t *done);
 size_t sock_chunk_bytes(const struct sock_comm *c, uint64_t len);
+
+/* Whether a message of `len` bytes travels in chunks on the data sockets
+ * (else whole on the control socket). */
+static inline int sock_is_large(const struct sock_comm *c, uint64_t len) {
+  return c->nsocks > 0 && len > c->min_task;
+}
+
+/* Moves as much of the control stream as the socket takes, oldest request
+ * first, without blocking (net_socket_stream.c); a failure is recorded on
+ * the comm. */
+void sock_progress(struct sock_comm *c);
+
+/* The plugin's poll_fds (net_socket_stream.c): the control socket while
+ * its stream owes or awaits bytes; -1 while chunks are with the helper
+ * threads, a request is finished but not yet tested, or the comm failed. */
+int sock_poll_fds(void *comm, struct pollfd *fds, int max);
 
 /* Cuts request `r` (len known) into chunks and queues them on the data
  * sockets, starting helpers as needed. */
