@@ -308,8 +308,9 @@ static void same_host_cc(int fd) {
   }
 }
 
-/* Advances TCP connection i of a connecting comm; 1 once it is up. */
-static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
+/* Advances TCP connection i of a connecting comm; 1 once it is up. A
+ * socket closed before the listener's answer is back in state 0. */
+static ncclResult_t dial_step(struct sock_comm *c, int i, int *up) {
   int *fd = link_fd(c, i);
   *up = 0;
   switch (c->link_state[i]) {
@@ -380,10 +381,17 @@ static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
     *fd = -1;
     c->link_sent[i] = 0;
     c->link_state[i] = 0;
-    return dial_link(c, i, up); /* stops at the connect under way */
   }
   }
   return ncclSuccess;
+}
+
+/* A socket the listener closed unread is dialed again at once, once per
+ * call, so that a listener that closes everything cannot keep the caller
+ * here. */
+static ncclResult_t dial_link(struct sock_comm *c, int i, int *up) {
+  CHECK(dial_step(c, i, up));
+  return c->link_state[i] == 0 ? dial_step(c, i, up) : ncclSuccess;
 }
 
 ncclResult_t sock_handle_decode(const void *handle, size_t len, struct sock_handle *out) {
