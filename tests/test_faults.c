@@ -74,9 +74,9 @@ struct xfer {
   size_t bytes;
   int go[2]; /* -1: no impairment */
   /* -1: rank 0 destroys its comm at once; else it first waits for rank
-   * 1's byte (or end) on fin[0], so that its socket is not closed with
-   * bytes still to deliver: an orphaned socket retransmits on its own
-   * terms, and an exit before the peer has read is not what is tested. */
+   * 1's byte (or end) on fin[0], so that the link is judged while both
+   * ends live: a sender that closes with bytes still in its socket is
+   * not what the test is about. */
   int fin[2];
 };
 
