@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -436,9 +437,8 @@ static void handshake(void) {
   char handle[NET_HANDLE_MAXSIZE];
   void *l = NULL;
   ASSERT_OK(P->listen(0, handle, &l));
-  /* The handle starts with an 8-byte magic, then the address. */
   union sock_addr addr;
-  memcpy(&addr, handle + 8, sizeof addr);
+  memcpy(&addr, handle + offsetof(struct sock_handle, addr), sizeof addr);
   int stranger = -1;
   ASSERT_OK(sock_connect(&addr, time_ns() + 5000000000ull, 0, "the listener", &stranger));
   char junk[24];
@@ -500,11 +500,11 @@ static ncclResult_t dial_fake(int drops, unsigned char answer, void **s) {
   ASSERT_OK(P->listen(0, handle, &l));
   ASSERT_OK(P->close_listen(l));
   union sock_addr addr;
-  memcpy(&addr, handle + 8, sizeof addr);
+  memcpy(&addr, handle + offsetof(struct sock_handle, addr), sizeof addr);
   addr.sin.sin_port = 0;
   int lfd;
   ASSERT_OK(sock_listen(&addr, &lfd, &addr));
-  memcpy(handle + 8, &addr, sizeof addr);
+  memcpy(handle + offsetof(struct sock_handle, addr), &addr, sizeof addr);
   *s = NULL;
   uint64_t conn_id = 0;
   ncclResult_t e = ncclInProgress;

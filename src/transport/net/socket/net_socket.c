@@ -312,6 +312,7 @@ static void same_host_cc(int fd) {
  * socket closed before the listener's answer is back in state 0. */
 static ncclResult_t dial_step(struct sock_comm *c, int i, int *up) {
   int *fd = link_fd(c, i);
+  ssize_t n = 0; /* the last send or recv, for the reason of a redial */
   *up = 0;
   switch (c->link_state[i]) {
   case 0:
@@ -344,7 +345,7 @@ static ncclResult_t dial_step(struct sock_comm *c, int i, int *up) {
     struct sock_hello h = {.cookie = c->cookie, .conn_id = c->conn_id, .index = (uint32_t)i,
                            .nsocks = (uint32_t)c->nsocks};
     while (c->link_sent[i] < sizeof h) {
-      ssize_t n = send(*fd, (char *)&h + c->link_sent[i], sizeof h - c->link_sent[i], MSG_NOSIGNAL | MSG_DONTWAIT);
+      n = send(*fd, (char *)&h + c->link_sent[i], sizeof h - c->link_sent[i], MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         c->link_sent[i] += (uint8_t)n;
         continue;
@@ -361,28 +362,26 @@ static ncclResult_t dial_step(struct sock_comm *c, int i, int *up) {
      * this socket unread. Only its answer says the hello was filed; an
      * end instead of one means dial again. */
     unsigned char a;
-    ssize_t n = recv(*fd, &a, 1, MSG_DONTWAIT);
+    n = recv(*fd, &a, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
       return ncclSuccess;
     if (n == 1 && a != SOCK_ANSWER)
       return err_set(ncclRemoteError, "%s answered socket %d's hello with byte 0x%02x, not a Loom socket listener's",
                      c->where, i, a);
-    if (n == 0)
-      errno = 0;
-    if (n == 1) {
-      c->link_state[i] = 4;
-      *up = 1;
-      return ncclSuccess;
-    }
-  redial:
-    INFO(LOG_NET, "NET/Socket: %s closed socket %d before answering its hello (%s); dialing again", c->where, i,
-         errno ? strerror(errno) : "closed");
-    close(*fd);
-    *fd = -1;
-    c->link_sent[i] = 0;
-    c->link_state[i] = 0;
+    if (n != 1)
+      goto redial;
+    c->link_state[i] = 4;
+    *up = 1;
   }
   }
+  return ncclSuccess;
+redial:
+  INFO(LOG_NET, "NET/Socket: socket %d to %s %s before the listener answered its hello; dialing again", i, c->where,
+       sock_broken_reason(n, errno));
+  close(*fd);
+  *fd = -1;
+  c->link_sent[i] = 0;
+  c->link_state[i] = 0;
   return ncclSuccess;
 }
 
