@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "register.h"
 #include "loom.h"
 #ifdef LOOM_PERF_MPI
 #include "mpi_launch.h"
@@ -69,7 +70,7 @@ static const char *const OP_NAMES[] = {"sum", "prod", "max", "min", "avg", "muls
 typedef struct {
   int nthreads, ngpus;
   size_t minbytes, maxbytes, stepbytes, stepfactor;
-  int iters, warmup, agg, check, blocking, average, graph, cputime;
+  int iters, warmup, agg, check, blocking, average, graph, cputime, reg;
   double timeout;
   int op;   /* perf_op, or -1 for all */
   int type; /* ncclDataType_t, or -1 for all */
@@ -92,6 +93,7 @@ typedef struct {
   int rank, thread, is_main;
   ncclComm_t comm;
   char *sendalloc, *recvalloc, *send, *recv; /* host memory, or the host mirrors */
+  perf_reg sendreg, recvreg;                  /* -R */
   size_t alloc_bytes;
   int dev;                                    /* CUDA device, -1 on the host */
   void *stream;
@@ -212,6 +214,8 @@ static void usage(FILE *f) {
           "  -z, --blocking 0/1     barrier after each call (calls always complete on host)\n"
           "  -a, --average 0-3      time reported: 0 rank 0, 1 average, 2 min, 3 max (default 1)\n"
           "  -T, --timeout S        give up when no call returns for S seconds\n"
+          "  -R, --local_register N 0 plain buffers (default), 1 ncclCommRegister, 2 ncclMemAlloc\n"
+          "                         as a symmetric window (host ranks read each other's in place)\n"
           "  -G, --cudagraph N      CUDA graphs: not available with host communicators\n"
           "  -p, -y, -C             accepted for compatibility (parallel init, stream null,\n"
           "                         cputime: the same as time with host communicators)\n"
@@ -301,10 +305,11 @@ static void parse_args(int argc, char **argv) {
       {"blocking", required_argument, NULL, 'z'},     {"stream_null", required_argument, NULL, 'y'},
       {"timeout", required_argument, NULL, 'T'},      {"cudagraph", required_argument, NULL, 'G'},
       {"report_cputime", required_argument, NULL, 'C'}, {"average", required_argument, NULL, 'a'},
+      {"local_register", required_argument, NULL, 'R'},
       {"help", no_argument, NULL, 'h'},               {NULL, 0, NULL, 0}};
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:p:c:o:d:r:z:y:T:G:C:a:h", longopts,
+  while ((c = getopt_long(argc, argv, ":t:g:b:e:i:f:n:m:w:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts,
                           NULL)) != -1) {
     switch (c) {
       case 't': cfg.nthreads = int_arg("-t", optarg, 1, 4096); break;
@@ -329,6 +334,7 @@ static void parse_args(int argc, char **argv) {
       case 'G': cfg.graph = int_arg("-G", optarg, 0, INT_MAX); break;
       case 'C': cfg.cputime = int_arg("-C", optarg, 0, 1); break;
       case 'a': cfg.average = int_arg("-a", optarg, 0, 3); break;
+      case 'R': cfg.reg = int_arg("-R", optarg, 0, 2); break;
       case 'h': usage(stdout); exit(0);
       case ':': bad_arg("option %s needs a value", argv[optind - 1]);
       default:
@@ -443,10 +449,16 @@ static void print_devices(rank_t *r) {
 
 static void alloc_buffers(rank_t *r) {
   size_t bytes = ((cfg.maxbytes + 4095) & ~(size_t)4095) + 2 * GUARD_BYTES;
-  r->sendalloc = aligned_alloc(4096, bytes);
-  r->recvalloc = aligned_alloc(4096, bytes);
+  const char *why = NULL;
+  r->sendalloc = perf_reg_alloc(cfg.reg, bytes, &why);
+  r->recvalloc = r->sendalloc ? perf_reg_alloc(cfg.reg, bytes, &why) : NULL;
   if (!r->sendalloc || !r->recvalloc)
-    die(r, "cannot allocate 2 x %zu bytes of host memory for maxbytes %zu", bytes, cfg.maxbytes);
+    die(r, "cannot allocate 2 x %zu bytes of host memory for maxbytes %zu%s%s", bytes, cfg.maxbytes,
+        why ? ": " : "", why ? why : "");
+  if (r->dev < 0) {
+    NCCL_OR_DIE(r, perf_reg_register(r->comm, cfg.reg, r->sendalloc, bytes, &r->sendreg));
+    NCCL_OR_DIE(r, perf_reg_register(r->comm, cfg.reg, r->recvalloc, bytes, &r->recvreg));
+  }
   /* Zeros (not garbage that may be denormal or NaN) until data is checked;
    * touching the pages also keeps first-touch faults out of the timing. */
   memset(r->sendalloc, 0, bytes);
@@ -722,10 +734,12 @@ static void *rank_main(void *arg) {
 
   peak_rss(r);
   snprintf(r->label, sizeof(r->label), "communicator teardown");
+  NCCL_OR_DIE(r, perf_reg_release(r->comm, &r->sendreg));
+  NCCL_OR_DIE(r, perf_reg_release(r->comm, &r->recvreg));
   NCCL_OR_DIE(r, ncclCommDestroy(r->comm));
   r->comm = NULL;
-  free(r->sendalloc);
-  free(r->recvalloc);
+  perf_reg_free(cfg.reg, r->sendalloc);
+  perf_reg_free(cfg.reg, r->recvalloc);
   perf_dev_free(r->dsendalloc);
   perf_dev_free(r->drecvalloc);
   perf_dev_free(r->scratch);
@@ -744,6 +758,8 @@ int perf_main(int argc, char **argv, const perf_bench *bench) {
   char *dot = strchr(hostname, '.');
   if (dot) *dot = '\0';
   gpus = perf_gpus();
+  if (gpus > 0 && cfg.reg)
+    bad_arg("-R %d: registered buffers are not implemented yet in this benchmark with GPUs (host ranks only)", cfg.reg);
   setup_ranks();
 
   if (proc == 0) {

@@ -7,7 +7,7 @@
 #
 #   perf/compare_host.sh [--ranks "2 4 8"] [--min 8] [--max 256M] [--factor 2]
 #       [--rounds 3] [--colls "allreduce allgather reducescatter"]
-#       [--peers "loom loom_socket mpi_shm impi_shm mpi_tcp gloo"] [--warmup 5]
+#       [--peers "loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo"] [--warmup 5]
 #       [--iters 20] [--timeout 1200] [--out perf-results] [--build build-perf]
 #       [--no-build] [--impi DIR] [--gloo-python PY]
 #   perf/compare_host.sh --quick [--rounds 3] [--peers ...] [--timeout ...]
@@ -18,6 +18,8 @@
 # fixed rows, each run at its own size, warmup and calls picked per size:
 #   shm rows, Loom over shm against Open MPI (vader), Intel MPI (shm), Gloo:
 #     2 ranks 8, 64K, 1M, 64M; 4 ranks 8, 1M, 64M; 8 ranks 8, 1M, 64M
+#     (and Loom with its buffers in symmetric windows, all_reduce_perf -R 2,
+#     a column of its own: loom_win, quick mode only)
 #   socket rows, Loom over sockets against Open MPI (tcp), Gloo:
 #     2 ranks 8, 64M; 4 ranks 1M
 # and prints per row each library's time per call, the best peer and
@@ -67,7 +69,13 @@ factor=${opt[factor]:-2} rounds=${opt[rounds]:-3}
 warmup=${opt[warmup]:-5} iters=${opt[iters]:-20}
 colls=${opt[colls]:-allreduce allgather reducescatter}
 [ -n "$quick" ] && colls=allreduce
-peers=${opt[peers]:-loom loom_socket mpi_shm impi_shm mpi_tcp gloo}
+peers=${opt[peers]:-loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo}
+# The windows' column belongs to the quick table alone.
+[ -z "$quick" ] && [[ " $peers " == *" loom_win "* ]] && {
+  [ -n "${opt[peers]:-}" ] && echo "-- loom_win is a column of the quick table alone (--quick): not run"
+  peers=" $peers "
+  peers=${peers/ loom_win / }
+}
 limit=${opt[timeout]:-1200} out=${opt[out]:-perf-results}
 build=${opt[build]:-${LOOM_PERF_BUILD:-build-perf}}
 impi=${opt[impi]:-${LOOM_IMPI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loom-perf/impi}}
@@ -95,7 +103,7 @@ for c in $colls; do
   case $c in allreduce | allgather | reducescatter) ;; *) die "unknown collective $c" ;; esac
 done
 for p in $peers; do
-  case $p in loom | loom_socket | mpi_shm | impi_shm | mpi_tcp | gloo) ;; *) die "unknown library $p" ;; esac
+  case $p in loom | loom_win | loom_socket | mpi_shm | impi_shm | mpi_tcp | gloo) ;; *) die "unknown library $p" ;; esac
 done
 want() { [[ " $peers " == *" $1 "* ]]; }
 
@@ -270,6 +278,7 @@ runlib() { # impl coll n round lo hi factor warmup iters
   local mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" --mca pml ob1)
   case $impl in
     loom) runone loom "$coll" "$n" "$r" nccl "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}" ;;
+    loom_win) runone loom_win "$coll" "$n" "$r" nccl "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}" -R 2 ;;
     loom_socket)
       runone loom_socket "$coll" "$n" "$r" nccl env NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
         "$build/tools/loomrun" -n "$n" "$tool" "${args[@]}" ;;
@@ -324,7 +333,7 @@ if [ -n "$quick" ]; then
     echo "$((it / 10 > 1 ? it / 10 : 1)) $it"
   }
   row_libs() { # kind -> the libraries of its rows that are wanted
-    local l libs="loom mpi_shm impi_shm gloo" on=
+    local l libs="loom loom_win mpi_shm impi_shm gloo" on=
     [ "$1" = socket ] && libs="loom_socket mpi_tcp gloo"
     for l in $libs; do want "$l" && on+=" $l"; done
     echo "$on"

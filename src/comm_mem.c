@@ -1,8 +1,8 @@
 /*
- * ncclMemAlloc's memory and windows (ncclCommWindowRegister). In a
- * process that makes host communicators, ncclMemAlloc's memory is an
- * unnamed shared segment (a memfd), so that a window registered on it can
- * be mapped by the peers of this host: registration is collective, every
+ * Windows (ncclCommWindowRegister). In a process that makes host
+ * communicators, ncclMemAlloc's memory (mem_alloc.c) is an unnamed
+ * shared segment (a memfd), so that a window registered on it can be
+ * mapped by the peers of this host: registration is collective, every
  * rank all-gathers its window's description and maps those of the peers
  * it can reach. Also the communicator's signals, set up at its init
  * (rma.h).
@@ -29,196 +29,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ---- ncclMemAlloc ----
- * Device memory (cudaMalloc, which CUDA IPC can share and a CUDA
- * communicator can register) where this thread would make a CUDA
- * communicator; host memory where it would make a host one: a sealed
- * memfd mapped shared, page-aligned, or plain memory where memfds cannot
- * be made. The allocations are remembered, so that ncclMemFree frees
- * each the way it was made and refuses a pointer that is not one, and a
- * window knows whether peers can map it. */
-struct mem_block {
-  void *ptr;
-  size_t size;
-  int device; /* -1: host memory */
-  int fd;     /* the memfd of host memory; -1: plain memory */
-};
-static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct mem_block *mem_blocks;
-static size_t mem_count, mem_cap;
-
-static ncclResult_t mem_remember(struct mem_block b) {
-  pthread_mutex_lock(&mem_lock);
-  if (mem_count == mem_cap) {
-    size_t cap = mem_cap ? 2 * mem_cap : 16;
-    struct mem_block *nb = realloc(mem_blocks, cap * sizeof *nb);
-    if (!nb) {
-      pthread_mutex_unlock(&mem_lock);
-      return err_set(ncclSystemError, "ncclMemAlloc: out of memory recording an allocation");
-    }
-    mem_blocks = nb;
-    mem_cap = cap;
-  }
-  mem_blocks[mem_count++] = b;
-  pthread_mutex_unlock(&mem_lock);
-  return ncclSuccess;
-}
-
-/* The record of `ptr`, removed; .device -2 if ncclMemAlloc did not
- * return it. */
-static struct mem_block mem_forget(void *ptr) {
-  struct mem_block b = {.device = -2, .fd = -1};
-  pthread_mutex_lock(&mem_lock);
-  for (size_t i = 0; i < mem_count; i++)
-    if (mem_blocks[i].ptr == ptr) {
-      b = mem_blocks[i];
-      mem_blocks[i] = mem_blocks[--mem_count];
-      break;
-    }
-  pthread_mutex_unlock(&mem_lock);
-  return b;
-}
-
-/* The shared host allocation [p, p + size) lies in: 1 with its memfd
- * and the offset, else 0. */
-static int mem_find_shared(const void *p, size_t size, int *fd, size_t *offset, size_t *seg_size) {
-  int found = 0;
-  pthread_mutex_lock(&mem_lock);
-  for (size_t i = 0; i < mem_count && !found; i++) {
-    const struct mem_block *b = &mem_blocks[i];
-    const char *base = b->ptr;
-    if (b->device == -1 && b->fd >= 0 && (const char *)p >= base && (size_t)((const char *)p - base) < b->size &&
-        size <= b->size - (size_t)((const char *)p - base)) {
-      *fd = b->fd;
-      *offset = (size_t)((const char *)p - base);
-      *seg_size = b->size;
-      found = 1;
-    }
-  }
-  pthread_mutex_unlock(&mem_lock);
-  return found;
-}
-
-/* The device allocation [p, p + size) lies in: 1 with its start and the
- * offset, else 0. */
-static int mem_find_device(const void *p, size_t size, void **base, size_t *offset) {
-  int found = 0;
-  pthread_mutex_lock(&mem_lock);
-  for (size_t i = 0; i < mem_count && !found; i++) {
-    const struct mem_block *b = &mem_blocks[i];
-    const char *start = b->ptr;
-    if (b->device >= 0 && (const char *)p >= start && (size_t)((const char *)p - start) < b->size &&
-        size <= b->size - (size_t)((const char *)p - start)) {
-      *base = b->ptr;
-      *offset = (size_t)((const char *)p - start);
-      found = 1;
-    }
-  }
-  pthread_mutex_unlock(&mem_lock);
-  return found;
-}
-
-/* A sealed memfd of `len` bytes, its pages reserved (a shortage is an
- * error here, not a SIGBUS later): the descriptor, or -1 with errno. */
-static int shared_segment(size_t len) {
-  int fd = memfd_create("loom-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0)
-    return -1;
-  int e = posix_fallocate(fd, 0, (off_t)len);
-  if (e == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    e = errno;
-  if (e != 0) {
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
-}
-
-static size_t page_round(size_t n) {
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  return (n + pg - 1) / pg * pg;
-}
-
-static ncclResult_t host_alloc(size_t size, struct mem_block *b) {
-  size_t len = page_round(size);
-  if (len < size)
-    return err_set(ncclInvalidArgument, "ncclMemAlloc: size %zu is too large", size);
-  int fd = shared_segment(len);
-  if (fd >= 0) {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED) {
-      *b = (struct mem_block){.ptr = p, .size = len, .device = -1, .fd = fd};
-      return ncclSuccess;
-    }
-    int e = errno;
-    close(fd);
-    errno = e;
-  }
-  if (errno == ENOMEM || errno == ENOSPC)
-    return err_set(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of shared host memory: %s", size,
-                   strerror(errno));
-  /* No memfds here (an old kernel, a seccomp filter): plain memory, which
-   * a window's peers in other processes cannot map. */
-  INFO(LOG_INIT, "ncclMemAlloc: no shared memory (%s): plain host memory, which other processes cannot map",
-       strerror(errno));
-  void *p = NULL;
-  if (posix_memalign(&p, 4096, size) != 0)
-    return err_set(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
-  *b = (struct mem_block){.ptr = p, .size = size, .device = -1, .fd = -1};
-  return ncclSuccess;
-}
-
-static void block_free(const struct mem_block *b) {
-  if (b->device >= 0) {
-    int saved = cuda_current_device();
-    cuda_set_device(b->device);
-    cuda_free(b->ptr);
-    cuda_restore_device(saved);
-  } else if (b->fd >= 0) {
-    munmap(b->ptr, b->size);
-    close(b->fd);
-  } else {
-    free(b->ptr);
-  }
-}
-
-NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size) {
-  if (ptr == NULL)
-    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL"));
-  *ptr = NULL;
-  if (size == 0)
-    return api_finish(NULL, err_set(ncclInvalidArgument, "ncclMemAlloc: size is 0"));
-  int device = cuda_pick_device();
-  struct mem_block b = {.size = size, .device = device, .fd = -1};
-  ncclResult_t r;
-  if (device >= 0) {
-    r = cuda_malloc(&b.ptr, size, "ncclMemAlloc");
-    if (r != ncclSuccess)
-      err_context("ncclMemAlloc on device %d", device);
-  } else {
-    r = host_alloc(size, &b);
-  }
-  if (r == ncclSuccess && (r = mem_remember(b)) != ncclSuccess)
-    block_free(&b);
-  if (r == ncclSuccess)
-    *ptr = b.ptr;
-  return api_finish(NULL, r);
-}
-
-NCCL_API(ncclResult_t, ncclMemFree, void *ptr) {
-  if (ptr == NULL)
-    return ncclSuccess;
-  struct mem_block b = mem_forget(ptr);
-  if (b.device == -2)
-    return api_finish(NULL, err_set(ncclInvalidArgument,
-                                    "ncclMemFree: %p was not returned by ncclMemAlloc (or was freed already); "
-                                    "nothing was freed",
-                                    ptr));
-  block_free(&b);
-  return ncclSuccess;
-}
 
 /* ---- reaching a peer's segment ---- */
 
@@ -368,8 +178,8 @@ ncclResult_t rma_signals_create(struct ncclComm *comm) {
   CHECK(rma_state_get(comm, "ncclCommInitRank"));
   struct rma_state *st = comm->rma;
   struct peer_info *me = &comm->peers[comm->rank];
-  size_t len = page_round((size_t)RMA_CTXS * RMA_SIGNALS * (size_t)comm->nranks * sizeof(uint64_t));
-  int fd = shared_segment(len);
+  size_t len = mem_page_round((size_t)RMA_CTXS * RMA_SIGNALS * (size_t)comm->nranks * sizeof(uint64_t));
+  int fd = mem_shared_segment(len);
   void *p = MAP_FAILED;
   if (fd >= 0)
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -446,6 +256,13 @@ struct ncclComm *rma_win_owner(ncclWindow_t win) {
 
 static void win_free(struct ncclComm *comm, struct rma_win *w) {
   win_global(w, 0);
+  for (struct comm_win **p = &comm->direct_wins; *p; p = &(*p)->next)
+    if (*p == &w->direct) {
+      *p = w->direct.next;
+      break;
+    }
+  free(w->direct.peer);
+  free(w->direct.peer_size);
   int saved = -2;
   for (int r = 0; w->peer && r < comm->nranks; r++) {
     if (w->peer[r].map)
@@ -590,6 +407,56 @@ static ncclResult_t win_connect(struct ncclComm *comm, struct rma_win *w, const 
   return ncclSuccess;
 }
 
+/* On a communicator with an arena, the flat collectives read and write
+ * the ranks' buffers in a window in place where every rank maps every
+ * other's (exec/flat.c): a rank then skips copying its data into the
+ * arena, so it must know that all can reach it, which only the others
+ * know. They all-gather what each reached (`mine`: all of them). */
+static ncclResult_t win_direct(struct ncclComm *comm, struct rma_win *w, int mine, int symmetric) {
+  int n = comm->nranks;
+  int32_t *ok;
+  CHECK(UTIL_CALLOC(&ok, (size_t)n, "ncclCommWindowRegister"));
+  ok[comm->rank] = mine;
+  ncclResult_t r = bootstrap_allgather(comm->boot, ok, sizeof *ok);
+  int all = r == ncclSuccess;
+  for (int k = 0; k < n && all; k++)
+    all = ok[k];
+  free(ok);
+  if (r != ncclSuccess) {
+    err_context("ncclCommWindowRegister: agreeing whether every rank maps the window");
+    return r;
+  }
+  if (!all) {
+    INFO(LOG_SHM, "rank %d: window %llu is not mapped by every rank: flat collectives copy through the arena",
+         comm->rank, (unsigned long long)w->id);
+    return ncclSuccess;
+  }
+  struct comm_win *d = &w->direct;
+  d->peer = calloc((size_t)n, sizeof *d->peer);
+  d->peer_size = calloc((size_t)n, sizeof *d->peer_size);
+  if (!d->peer || !d->peer_size) {
+    free(d->peer);
+    free(d->peer_size);
+    d->peer = NULL;
+    d->peer_size = NULL;
+    /* The others take the window as direct: a later flat call with a
+     * buffer in it fails on this rank, which does not know its id,
+     * naming it (flat.c), instead of reading nothing. */
+    return err_set(ncclSystemError, "ncclCommWindowRegister: out of memory");
+  }
+  for (int k = 0; k < n; k++) {
+    d->peer[k] = w->peer[k].ptr;
+    d->peer_size[k] = w->peer[k].size;
+  }
+  d->id = w->id;
+  d->symmetric = symmetric;
+  d->buff = w->buff;
+  d->size = w->size;
+  d->next = comm->direct_wins;
+  comm->direct_wins = d;
+  return ncclSuccess;
+}
+
 static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size, ncclWindow_t *win, int flags) {
   const char *func = "ncclCommWindowRegister";
   CHECK(comm_check(comm, func));
@@ -662,6 +529,14 @@ static ncclResult_t win_register(struct ncclComm *comm, void *buff, size_t size,
   *w = (struct rma_win){.magic = RMA_WIN_MAGIC, .id = id, .comm = comm, .buff = buff, .size = size};
   if (r == ncclSuccess)
     r = win_connect(comm, w, all);
+  if (ra == ncclSuccess && comm->arena && comm->is_host) {
+    int mine = r == ncclSuccess;
+    for (int k = 0; mine && k < comm->nranks; k++)
+      mine = w->peer[k].ptr != NULL;
+    ncclResult_t rd = win_direct(comm, w, mine, sym >= 0);
+    if (r == ncclSuccess)
+      r = rd;
+  }
   free(all);
   pthread_mutex_lock(&st->lock);
   if (r == ncclSuccess) {

@@ -261,8 +261,9 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
 }
 
 /* The shape of a call, as far as its schedule and connections go. */
-static int key_matches(const struct work *w, const struct task *t) {
-  return w->key.coll == (int)t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype && w->key.root == t->root;
+static int key_matches(const struct work *w, const struct task *t, int symmetric) {
+  return w->key.coll == (int)t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype &&
+         w->key.root == t->root && w->key.symmetric == symmetric;
 }
 
 /* Small collectives are most of a training step's calls, and their
@@ -294,11 +295,12 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   /* Calls of a few shapes in turn (a training step's) find theirs among
    * the last works freed. */
   struct work *w = comm->free_works, **link = &comm->free_works;
-  for (int k = 0; w && k < PLAN_KEPT_SHAPES && !key_matches(w, t); k++) {
+  int symmetric = plan_symmetric(comm, t);
+  for (int k = 0; w && k < PLAN_KEPT_SHAPES && !key_matches(w, t, symmetric); k++) {
     link = &w->next;
     w = w->next;
   }
-  int hit = w && key_matches(w, t);
+  int hit = w && key_matches(w, t, symmetric);
   int algo = ALGO_RING, nch = 1;
   if (!hit && comm->nranks > 1 && t->count > 0) {
     CHECK(plan_pick_algo(comm, t, &algo, &nch));
@@ -335,6 +337,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
       lane.head->key.count = t->count;
       lane.head->key.dtype = t->dtype;
       lane.head->key.root = t->root;
+      lane.head->key.symmetric = symmetric;
       r = transport_connect_pending(&comm, 1);
     }
   }

@@ -313,8 +313,34 @@ static size_t task_bytes(const struct ncclComm *comm, const struct task *t) {
   return bytes;
 }
 
+int plan_symmetric(const struct ncclComm *comm, const struct task *t) {
+  if (t->coll != COLL_ALLREDUCE || !comm->arena || !comm->direct_wins)
+    return 0;
+  size_t bytes = task_bytes(comm, t);
+  const struct comm_win *s = comm_win_holding(comm, t->sendbuff, bytes);
+  const struct comm_win *d = comm_win_holding(comm, t->recvbuff, bytes);
+  return s && d && s->symmetric && d->symmetric;
+}
+
 ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch) {
-  return tuner_pick(comm->tuner, t->coll, task_bytes(comm, t), algo, nch, NULL);
+  CHECK(tuner_pick(comm->tuner, t->coll, task_bytes(comm, t), algo, nch, NULL));
+  /* Reading and writing every rank's buffers in place moves each byte
+   * once, where rings copy through FIFOs: Flat measured faster at every
+   * size and rank count (perf/README.md), unless NCCL_ALGO leaves it out. */
+  if (*algo != ALGO_FLAT && (comm->tuner->allowed[t->coll] & (1u << ALGO_FLAT)) && plan_symmetric(comm, t)) {
+    size_t bytes = task_bytes(comm, t);
+    int cls = 0;
+    while ((1ull << (cls + 1)) <= bytes && cls < 63)
+      cls++;
+    if (!(comm->tuner->logged_symmetric & (1ull << cls))) {
+      comm->tuner->logged_symmetric |= 1ull << cls;
+      INFO(LOG_TUNING, "%s of %zu bytes (size class 2^%d) in symmetric windows: Flat, in place in the ranks' buffers "
+           "(for other buffers %s)", coll_name(t->coll), bytes, cls, algo_name(*algo));
+    }
+    *algo = ALGO_FLAT;
+    *nch = 1;
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t plan_estimate(struct ncclComm *comm, const struct task *t, double *seconds) {

@@ -77,6 +77,13 @@ static inline ncclResult_t plan_check_size(const struct ncclComm *comm, const st
  * of its largest buffer. */
 ncclResult_t plan_pick_algo(struct ncclComm *comm, const struct task *t, int *algo, int *nch);
 
+/* Whether the call's buffers lie in windows registered with
+ * NCCL_WIN_COLL_SYMMETRIC that every rank maps, on a communicator with
+ * an arena: an AllReduce then runs flat, in place in the ranks' buffers,
+ * at every size. Registering them so is every rank's promise to pass
+ * such buffers to the same call (NCCL's symmetric memory). */
+int plan_symmetric(const struct ncclComm *comm, const struct task *t);
+
 /* The cost model's time for task t alone, in seconds: the tuner's
  * estimate for the algorithm it picks, or one message's latency and
  * bandwidth for a Send or Recv (ncclGroupSimulateEnd). */

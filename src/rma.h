@@ -44,6 +44,7 @@ struct rma_win {
   void *buff;
   size_t size;
   struct rma_peer_win *peer; /* nranks */
+  struct comm_win direct;    /* on comm->direct_wins where direct.peer is set */
   struct rma_win *next;      /* the communicator's windows */
   struct rma_win *next_all;  /* every window of the process */
 };
@@ -90,6 +91,17 @@ static inline size_t rma_sig_index(const struct ncclComm *comm, int ctx, int sig
  * signals to this rank from other processes refused, with the reason. */
 ncclResult_t rma_signals_create(struct ncclComm *comm);
 void rma_signals_connect(struct ncclComm *comm);
+
+/* The ncclMemAlloc allocation (mem_alloc.c) that [p, p + size) lies in:
+ * shared host memory, 1 with its memfd, the offset and the memfd's
+ * size; device memory, 1 with its start and the offset; else 0. */
+int mem_find_shared(const void *p, size_t size, int *fd, size_t *offset, size_t *seg_size);
+int mem_find_device(const void *p, size_t size, void **base, size_t *offset);
+
+/* A sealed memfd of `len` bytes, its pages reserved (a shortage is an
+ * error here, not a SIGBUS later): the descriptor, or -1 with errno. */
+int mem_shared_segment(size_t len);
+size_t mem_page_round(size_t n);
 
 /* The window `win` of `comm`, or NULL (with the sentence, naming `func`)
  * where it is no window of this communicator. */

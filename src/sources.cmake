@@ -30,7 +30,7 @@ set(LOOM_SOURCES
   src/algorithms/rd.c src/algorithms/ring.c src/algorithms/schedule.c src/algorithms/tree.c src/algorithms/tuner.c
   # the API floor
   src/init.c src/comm_config.c src/collectives.c src/group.c src/shrink.c src/comm_api.c src/comm_life.c
-  src/comm_grow.c src/comm_suspend.c src/comm_rma.c src/comm_rma_net.c src/comm_mem.c src/device_api.c src/async.c src/enqueue.c src/plan.c
+  src/comm_grow.c src/comm_suspend.c src/comm_rma.c src/comm_rma_net.c src/comm_mem.c src/mem_alloc.c src/device_api.c src/async.c src/enqueue.c src/plan.c
   src/call_check.c src/status.c src/status_page.c src/param_api.c)
 set(LOOM_CUDA_SOURCES src/exec/cuda/cuda_exec.c src/exec/cuda/cuda_launch.c src/exec/cuda/kernel.cu)
 list(TRANSFORM LOOM_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)

@@ -41,6 +41,24 @@ TEST_IMPL(perf_all_reduce_processes) {
   return 0;
 }
 
+/* -R as nccl-tests has it: buffers registered (1), or ncclMemAlloc's in
+ * symmetric windows (2), where the flat AllReduce reads and writes every
+ * rank's buffers in place; every op and type checked, in place and not,
+ * ranks as processes and as threads. */
+TEST_IMPL(perf_all_reduce_registered) {
+  char *procs[] = {LOOMRUN, "-n", "3", "--timeout", "100", PERF("all_reduce_perf"), "-b", "8", "-e", "2M", "-f", "64",
+                   "-n", "3", "-w", "1", "-R", "2", "-d", "all", "-o", "all", NULL};
+  char *threads[] = {PERF("all_reduce_perf"), "-b", "1K", "-e", "1M", "-f", "32", "-t", "2", "-n", "2", "-w", "1",
+                     "-R", "2", NULL};
+  char *local[] = {LOOMRUN, "-n", "2", "--timeout", "100", PERF("all_reduce_perf"), "-b", "8", "-e", "1M", "-f", "64",
+                   "-n", "2", "-w", "1", "-R", "1", NULL};
+  if (bench_ok(procs) || bench_ok(threads) || bench_ok(local))
+    return 1;
+  char *bad[] = {PERF("all_reduce_perf"), "-R", "3", NULL};
+  ASSERT(harness_run(bad, out, sizeof out) != 0);
+  return 0;
+}
+
 TEST_IMPL(perf_every_benchmark) {
   static const char *benches[] = {"all_gather_perf", "reduce_scatter_perf", "broadcast_perf", "reduce_perf",
                                   "sendrecv_perf", "alltoall_perf", "gather_perf", "scatter_perf"};
@@ -286,7 +304,7 @@ TEST_IMPL(perf_compare_host_quick) {
     SKIP("no /usr/bin/python3: the comparison's tables cannot be made here");
   char outdir[] = "/tmp/loom-compare-XXXXXX";
   ASSERT(mkdtemp(outdir));
-  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--rounds", "1", "--peers", "loom",
+  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--rounds", "1", "--peers", "loom loom_win",
                   "--no-build", "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
   int rc = harness_run(argv, out, sizeof out);
   char path[PATH_MAX], csv[8192] = "";
@@ -303,7 +321,8 @@ TEST_IMPL(perf_compare_host_quick) {
              "unexpected output:\n%s", out);
   /* The first and last shm rows, out of place and in place. */
   ASSERT_MSG(strstr(csv, "row,lib,round,time_us\n") && strstr(csv, "shm-2r-8,loom,1,") &&
-                 strstr(csv, "shm-8r-64M,loom_inplace,1,"),
+                 strstr(csv, "shm-8r-64M,loom_inplace,1,") && strstr(csv, "shm-2r-64M,loom_win_inplace,1,") &&
+                 strstr(out, "Loom shm -R 2, in place:"),
              "unexpected quick.csv:\n%s", csv);
   return 0;
 }

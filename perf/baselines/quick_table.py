@@ -24,7 +24,11 @@ KINDS = {
     "socket": ("loom_socket", ["mpi_tcp", "gloo"]),
 }
 NAMES = {"loom": "Loom shm", "loom_socket": "Loom sock", "mpi_shm": "Open MPI shm", "impi_shm": "Intel MPI shm",
-         "mpi_tcp": "Open MPI tcp", "gloo": "Gloo"}
+         "mpi_tcp": "Open MPI tcp", "gloo": "Gloo", "loom_win": "Loom shm -R 2"}
+# Loom with its buffers in symmetric windows (all_reduce_perf -R 2), where
+# the ranks read and write each other's in place: a column of its own,
+# with its ratio against the same best peer beside Loom's.
+EXTRA = {"shm": "loom_win"}
 
 
 def human(n):
@@ -83,7 +87,8 @@ def main():
         w.writerow(["row", "lib", "round", "time_us"])
         for name, kind, n, size, _, _ in rows:
             loom, peers = KINDS[kind]
-            for lib in [loom, loom + "_inplace"] + peers:
+            extra = [EXTRA[kind], EXTRA[kind] + "_inplace"] if kind in EXTRA else []
+            for lib in [loom, loom + "_inplace"] + extra + peers:
                 for r, t in sorted(times.get((lib, n, size), {}).items()):
                     w.writerow([name, lib, r, "%.3f" % t])
 
@@ -98,17 +103,21 @@ def main():
     say("# one with the lowest ratio): ABOVE 1 LOOM IS FASTER; rows below 1 are marked '<'. Open MPI")
     say("# and Intel MPI are out of place, as is Loom's column; Gloo's all_reduce is in place, so its")
     say("# ratio uses Loom's in-place time (in quick.csv as loom_inplace, loom_socket_inplace).")
+    say("# '%s' is Loom with its buffers in symmetric windows (all_reduce_perf -R 2, ncclMemAlloc and" % NAMES["loom_win"])
+    say("# ncclCommWindowRegister), where the ranks read and write each other's buffers in place; its")
+    say("# ratio against the same best peer is the last column ('-R 2').")
     below = 0
     for kind in KINDS:
         krows = [r for r in rows if r[1] == kind]
         if not krows:
             continue
         loom, peers = KINDS[kind]
-        libs = [loom] + peers
+        extra = EXTRA.get(kind)
+        libs = [loom] + ([extra] if extra else []) + peers
         say("")
         say("== %s rows: %s against %s" % (kind, NAMES[loom], ", ".join(NAMES[p] for p in peers)))
         head = "%-15s %5s %6s" % ("row", "warm", "calls") + "".join(" %26s" % NAMES[l] for l in libs)
-        say(head + "  %-13s %6s" % ("best peer", "ratio"))
+        say(head + "  %-13s %6s" % ("best peer", "ratio") + ("  %6s" % "-R 2" if extra else ""))
         for name, _, n, size, warm, iters in krows:
             cells = ""
             for lib in libs:
@@ -133,6 +142,12 @@ def main():
                 tail = "  %-13s %6.2f%s" % (NAMES[best[0]], best[1], mark)
             else:
                 tail = "  %-13s %6s" % ("-", "-")
+            if extra:
+                ref = (extra + "_inplace" if best and best[0] == "gloo" else extra, n, size)
+                if best and ref in med and med[ref] > 0:
+                    tail += "%s  %6.2f" % ("" if best[1] < 1 else "  ", med[(best[0], n, size)] / med[ref])
+                else:
+                    tail += "  %6s" % "-"
             say("%-15s %5d %6d" % ("%s %s" % ("%dr" % n, human(size)), warm, iters) + cells + tail)
     ratios = sum(1 for r in rows if any((p, r[2], r[3]) in med for p in KINDS[r[1]][1]) and
                  (KINDS[r[1]][0], r[2], r[3]) in med)
@@ -169,6 +184,11 @@ def bound(say, memcpy, med):
         line += "; Loom shm %s us = %.0f%% of the bound (busbw %.2f GB/s)" % (us(t), 100 * t_bound / t,
                                                                           size / (t * 1e3))
     say(line)
+    for lib, how in (("loom_win", "out of place"), ("loom_win_inplace", "in place")):
+        t = med.get((lib, 2, size))
+        if t:
+            say("  %s, %s: %s us = %.0f%% of the bound (busbw %.2f GB/s)" % (NAMES["loom_win"], how, us(t),
+                                                                           100 * t_bound / t, size / (t * 1e3)))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ struct tuner {
   /* Allowed algorithms per collective (bit per enum algo), from NCCL_ALGO. */
   unsigned allowed[COLL_COUNT];
   uint64_t logged[COLL_COUNT]; /* size classes already logged, per collective */
+  uint64_t logged_symmetric; /* size classes plan_pick_algo logged as symmetric Flat */
   unsigned fell_back;  /* collectives already logged as run as Ring against NCCL_ALGO */
   unsigned protos;     /* PROTO_BIT_*, from NCCL_PROTO */
 };

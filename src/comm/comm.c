@@ -143,3 +143,11 @@ uint64_t comm_deadline(const struct ncclComm *comm) { return time_ns() + comm_ti
 const char *comm_timeout_name(const struct ncclComm *comm, char *buf, size_t len) {
   return timeout_name(atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed), timeout_seconds(), buf, len);
 }
+
+const struct comm_win *comm_win_holding(const struct ncclComm *comm, const void *p, size_t len) {
+  const char *c = p;
+  for (const struct comm_win *v = comm->direct_wins; v; v = v->next)
+    if (c >= v->buff && len <= v->size && (size_t)(c - v->buff) <= v->size - len)
+      return v;
+  return NULL;
+}

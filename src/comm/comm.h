@@ -21,6 +21,20 @@ struct status_rec;
 struct call_desc;
 struct tuner;
 struct rma_state;
+
+/* A window of a one-host host communicator that every rank maps by
+ * pointer, as the flat collectives see it: rank r's window is peer[r] in
+ * this process, peer_size[r] bytes. Registration numbers windows alike
+ * on every rank, so a rank names its window to the others by id. */
+struct comm_win {
+  uint64_t id;
+  const char *buff; /* this rank's */
+  size_t size;
+  char **peer;
+  size_t *peer_size;
+  int symmetric; /* registered with NCCL_WIN_COLL_SYMMETRIC (by any rank: then by all) */
+  struct comm_win *next;
+};
 struct suspend_state;
 struct shm_arena;
 
@@ -120,6 +134,10 @@ struct ncclComm {
   /* Windows and one-sided signals (rma.h), made at the first
    * ncclCommWindowRegister; NULL until then. */
   struct rma_state *rma;
+  /* Of those, the windows every rank maps by pointer (comm_mem.c keeps
+   * the list), where the flat collectives read and write the ranks'
+   * buffers in place. */
+  struct comm_win *direct_wins;
   /* The shared memory every rank of a one-host host communicator maps,
    * for the flat collectives (transport/shm_arena.h); NULL if none. */
   struct shm_arena *arena;
@@ -216,6 +234,10 @@ struct ncclComm {
 
 /* Validates a communicator argument; records the sentence on failure. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *func);
+
+/* The window of comm->direct_wins that holds [p, p + len) on this rank,
+ * or NULL. */
+const struct comm_win *comm_win_holding(const struct ncclComm *comm, const void *p, size_t len);
 /* The same, but a suspended communicator passes: for the calls that work
  * on one (ncclCommResume, the queries). */
 ncclResult_t comm_check_even_suspended(const struct ncclComm *comm, const char *func);

@@ -73,6 +73,77 @@ static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a)
   return ncclSuccess;
 }
 
+/* Round 0: this rank's buffers, placed in windows where they lie in one
+ * that every rank maps, in its call header. Its input goes there only
+ * as it is: a PreMulSum scalar (this rank's own) is applied by a copy. */
+static void place_buffers(struct work *w, struct arena_call *c, const struct red_op *in) {
+  size_t bytes = w->task->count * w->esize;
+  const struct comm_win *s = in->premul ? NULL : comm_win_holding(w->comm, w->src, bytes);
+  const struct comm_win *d = comm_win_holding(w->comm, w->dst, bytes);
+  /* The header has 32 bits for an id: a later window goes by copies. */
+  if (s && s->id > UINT32_MAX)
+    s = NULL;
+  if (d && d->id > UINT32_MAX)
+    d = NULL;
+  w->flat.src_direct = s != NULL;
+  w->flat.dst_direct = d != NULL;
+  c->src_win = s ? (uint32_t)s->id : 0;
+  c->src_off = s ? (uint64_t)(w->src - s->buff) : 0;
+  c->dst_win = d ? (uint32_t)d->id : 0;
+  c->dst_off = d ? (uint64_t)(w->dst - d->buff) : 0;
+}
+
+/* Rank r's buffer that its call header places in window `id` at `off`,
+ * as this process sees it; NULL for id 0. */
+static ncclResult_t peer_buffer(const struct work *w, int r, uint32_t id, uint64_t off, const char *what, char **out) {
+  *out = NULL;
+  if (id == 0)
+    return ncclSuccess;
+  size_t bytes = w->task->count * w->esize;
+  const struct ncclComm *comm = w->comm;
+  for (const struct comm_win *v = comm->direct_wins; v; v = v->next) {
+    if (v->id != id)
+      continue;
+    if (off > v->peer_size[r] || bytes > v->peer_size[r] - off)
+      return err_set(ncclInvalidUsage,
+                     "rank %d's %s of %zu bytes at offset %llu of its window %u runs past the window's %zu bytes",
+                     r, what, bytes, (unsigned long long)off, id, v->peer_size[r]);
+    *out = v->peer[r] + off;
+    return ncclSuccess;
+  }
+  return err_set(ncclInvalidUsage,
+                 "rank %d's %s lies in window %u (its %u%s ncclCommWindowRegister on this communicator), which rank %d "
+                 "does not have: every rank registers and deregisters windows in the same order",
+                 r, what, id, id, id == 1 ? "st" : id == 2 ? "nd" : id == 3 ? "rd" : "th", comm->rank);
+}
+
+/* After round 0's first barrier: where every other rank's buffers are,
+ * and whether another rank reads results from the regions. */
+static ncclResult_t find_buffers(struct work *w, struct shm_arena *a) {
+  int reads = 0, writes = 0;
+  w->flat.regions_out = 0;
+  for (int r = 0; r < a->nranks; r++) {
+    a->peer_src[r] = NULL;
+    a->peer_dst[r] = NULL;
+    if (r == a->me)
+      continue;
+    const struct arena_call *c = &a->ranks[r].call[w->flat.use0 & 1];
+    char *src;
+    CHECK(peer_buffer(w, r, c->src_win, c->src_off, "send buffer", &src));
+    CHECK(peer_buffer(w, r, c->dst_win, c->dst_off, "receive buffer", &a->peer_dst[r]));
+    a->peer_src[r] = src;
+    w->flat.regions_out |= a->peer_dst[r] == NULL;
+    reads += src != NULL;
+    writes += a->peer_dst[r] != NULL;
+  }
+  if ((reads || writes) && !a->said_direct) {
+    a->said_direct = 1;
+    INFO(LOG_SHM, "rank %d: flat AllReduce #%llu reads %d and writes %d of the other %d ranks' buffers in place, "
+         "in windows", a->me, (unsigned long long)w->seq, reads, writes, a->nranks - 1);
+  }
+  return ncclSuccess;
+}
+
 static void write_round(struct work *w, struct shm_arena *a, const struct red_op *in) {
   uint64_t off, len, lo, hi;
   round_range(w, &off, &len);
@@ -88,16 +159,21 @@ static void write_round(struct work *w, struct shm_arena *a, const struct red_op
     arena_post(a, w->flat.use);
     return;
   }
-  /* This rank's own slice it reads from its input. */
-  slice_of(w, len, a->me, &lo, &hi);
-  write_input(w, in, mine, src, lo);
-  write_input(w, in, mine + hi * w->esize, src + hi * w->esize, len - hi);
   if (w->flat.round == 0) {
+    w->flat.use0 = w->flat.use;
     struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
     arena_hdr_begin(&c->flag);
     slot_mine(w->task, w->seq, a->me, &c->hdr);
     c->hdr.bytes = 0;
+    place_buffers(w, c, in);
     arena_hdr_end(&c->flag, w->flat.use);
+  }
+  /* This rank's own slice it reads from its input; the others read the
+   * rest in place where it lies in a window. */
+  slice_of(w, len, a->me, &lo, &hi);
+  if (!w->flat.src_direct) {
+    write_input(w, in, mine, src, lo);
+    write_input(w, in, mine + hi * w->esize, src + hi * w->esize, len - hi);
   }
   w->flat.bar = arena_arrive(a);
 }
@@ -115,8 +191,13 @@ static void reduce_whole(struct work *w, const struct shm_arena *a, const struct
 }
 
 /* This rank's slice: its own input first (from its buffer: in place, the
- * output is the input), then the others' in rank order, the last step
- * writing the result into the output and this rank's region at once. */
+ * output is the input), then the others' in rank order, from their
+ * buffers where they lie in windows, else from their regions; the last
+ * step writes the result into the output and, where a rank gathers from
+ * the regions, this rank's region at once. Then into the outputs of the
+ * ranks whose outputs lie in windows, from the block just written, still
+ * in this core's cache. Only this rank touches this slice of any
+ * buffer, so a rank in place is read here before it is written. */
 static void reduce_slice(struct work *w, const struct shm_arena *a, const struct red_op *in,
                          const struct red_op *partial) {
   uint64_t off, len, lo, hi;
@@ -124,20 +205,30 @@ static void reduce_slice(struct work *w, const struct shm_arena *a, const struct
   slice_of(w, len, a->me, &lo, &hi);
   int last = a->me == a->nranks - 1 ? a->nranks - 2 : a->nranks - 1;
   uint64_t block = LOOM_MAX((uint64_t)1, FLAT_BLOCK / w->esize);
+  size_t es = w->esize;
   for (uint64_t b = lo; b < hi; b += block) {
     uint64_t n = LOOM_MIN(block, hi - b);
-    char *dst = w->dst + (off + b) * w->esize;
-    red_copy(in, dst, NULL, w->src + (off + b) * w->esize, n, 0);
+    char *dst = w->dst + (off + b) * es;
+    red_copy(in, dst, NULL, w->src + (off + b) * es, n, 0);
     for (int r = 0; r < a->nranks; r++) {
       if (r == a->me)
         continue;
-      char *res = r == last ? arena_region(a, w->flat.use, a->me) + b * w->esize : NULL;
-      red_reduce(partial, dst, res, dst, arena_region(a, w->flat.use, r) + b * w->esize, n, r == last);
+      char *res = r == last && w->flat.regions_out ? arena_region(a, w->flat.use, a->me) + b * es : NULL;
+      const char *from = a->peer_src[r] ? a->peer_src[r] + (off + b) * es : arena_region(a, w->flat.use, r) + b * es;
+      red_reduce(partial, dst, res, dst, from, n, r == last);
+    }
+    /* Starting past this rank spreads the ranks' writes over the outputs. */
+    for (int k = 1; k < a->nranks; k++) {
+      int r = (a->me + k) % a->nranks;
+      if (a->peer_dst[r])
+        memcpy(a->peer_dst[r] + (off + b) * es, dst, n * es);
     }
   }
 }
 
 static void gather_slices(struct work *w, const struct shm_arena *a) {
+  if (w->flat.dst_direct)
+    return; /* the other ranks wrote their slices into the output */
   uint64_t off, len, lo, hi;
   round_range(w, &off, &len);
   for (int r = 0; r < a->nranks; r++) {
@@ -184,8 +275,11 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
     case FLAT_REDUCE:
       if (waiting(w, a))
         return arena_failed(comm);
-      if (w->flat.round == 0)
+      if (w->flat.round == 0) {
         CHECK(check_calls(w, a));
+        if (!w->flat.whole)
+          CHECK(find_buffers(w, a));
+      }
       if (w->flat.whole) {
         reduce_whole(w, a, &partial);
         w->flat.state = FLAT_DONE;
@@ -305,10 +399,22 @@ ncclResult_t flat_check_crossed(const struct work *w) {
       continue;
     struct arena_rank *x = &a->ranks[r];
     for (int p = 0; p < 2; p++) {
-      if (arena_hdr_read(&x->call[p].flag, &x->call[p].hdr, &got) && got.seq == w->seq)
+      int seen = 0;
+      if (arena_hdr_read(&x->call[p].flag, &x->call[p].hdr, &got) && got.seq == w->seq) {
         CHECK(slot_check_crossed(&want, &got, a->me, r));
-      if (arena_hdr_read(&x->slot[p].flag, &x->slot[p].hdr, &got) && got.seq == w->seq)
+        seen = 1;
+      }
+      if (arena_hdr_read(&x->slot[p].flag, &x->slot[p].hdr, &got) && got.seq == w->seq) {
         CHECK(slot_check_crossed(&want, &got, a->me, r));
+        seen = 1;
+      }
+      if (seen && !w->flat.on)
+        return err_set(ncclInvalidUsage,
+                       "rank %d runs collective #%llu flat in the shared-memory arena and rank %d over its "
+                       "connections: the ranks chose differently for one call. An AllReduce whose buffers lie in "
+                       "windows registered with NCCL_WIN_COLL_SYMMETRIC runs flat, so every rank must pass such "
+                       "buffers to it, or none; NCCL_ALGO must also be the same on every rank",
+                       r, (unsigned long long)w->seq, a->me);
     }
   }
   return ncclSuccess;

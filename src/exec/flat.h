@@ -8,7 +8,9 @@
  * after a barrier reduces its own slice of everyone's into its output
  * and its region; after a second barrier it copies the other slices'
  * results. Two barriers per round, against a ring's 2(n-1) hand-offs,
- * each of which waits for one more rank to be scheduled.
+ * each of which waits for one more rank to be scheduled. A rank whose
+ * buffer lies in a window every rank maps (comm->direct_wins) skips the
+ * copies: the others read its input and write its output in place.
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_FLAT_H

@@ -46,12 +46,18 @@ struct work {
     uint64_t round, nrounds;
     uint64_t per_round; /* elements of a round */
     uint64_t use, bar;  /* the arena round and barrier it is at */
+    uint64_t use0;      /* round 0's, whose call header says where the buffers are */
+    /* This rank's buffers lie in a window every rank maps: the others
+     * read its input there, write its output there. */
+    int src_direct, dst_direct;
+    int regions_out;    /* another rank reads results from the regions: write them there */
   } flat;
   struct work *next;
   /* What the schedule was built for, when enqueue_single may reuse it
    * (coll + 1; 0: not reusable). */
   struct {
     int coll, dtype, root;
+    int symmetric; /* plan_symmetric: the buffers chose the algorithm */
     size_t count;
   } key;
 };

@@ -169,6 +169,12 @@ ncclResult_t arena_setup(struct ncclComm *comm) {
     close(recs[0].fd);
   if (agreed) {
     struct shm_arena *a = calloc(1, sizeof *a);
+    if (a && (!(a->peer_src = calloc((size_t)n, sizeof *a->peer_src)) ||
+              !(a->peer_dst = calloc((size_t)n, sizeof *a->peer_dst)))) {
+      free(a->peer_src);
+      free(a);
+      a = NULL;
+    }
     if (a) {
       attach(a, map, recs[0].size, n, me);
       comm->arena = a;
@@ -197,6 +203,8 @@ void arena_free(struct ncclComm *comm) {
   if (!a)
     return;
   munmap(a->head, a->map_size);
+  free(a->peer_src);
+  free(a->peer_dst);
   free(a);
   comm->arena = NULL;
 }

@@ -40,7 +40,12 @@ struct arena_slot {
 struct arena_call {
   _Atomic uint64_t flag;      /* 1 + the round, 0 while being written */
   struct slot_hdr hdr;
-  uint64_t pad[3];
+  /* Where the rank's buffers lie in a window every rank maps
+   * (comm->direct_wins), read and written in place by the other ranks:
+   * the window's id and the offset in it; id 0: the data goes through
+   * the rank's regions. */
+  uint32_t src_win, dst_win;
+  uint64_t src_off, dst_off;
 };
 
 struct arena_rank {
@@ -104,6 +109,12 @@ struct shm_arena {
   int nranks, me;
   uint64_t bar;               /* barriers this rank has entered */
   uint64_t use;               /* rounds of data this rank has written */
+  /* The flat call under way (one at a time): each rank's buffers where
+   * its call header places them in a window, as this process sees them;
+   * NULL where they go through its regions. */
+  const char **peer_src;
+  char **peer_dst;
+  int said_direct; /* the log told the first call that found some */
 };
 
 /* Sets up comm->arena where every rank is on one host, a host
