@@ -3,11 +3,15 @@
  * on one loopback connection, each sending a message and reading the
  * other's, round after round, as one recursive-doubling step does, with
  * nothing else. Once with the reads blocking, once spinning on
- * non-blocking reads (what a rank with a core of its own does).
+ * non-blocking reads (what a rank with a core of its own does), and once
+ * spinning over two connections, one per direction, as NCCL's network
+ * API has them (a send and a receive connection per peer): there no
+ * reply carries the ACK of a message, each goes as a packet of its own.
  *
  *   tcp_exchange [BYTES] [ROUNDS]        (default 16 bytes, 20000 rounds)
  *
- * prints "tcp_exchange BYTES blocking|spinning US" per mode: microseconds
+ * prints "tcp_exchange BYTES blocking|spinning|two-connections US" per
+ * mode: microseconds
  * per round, the slower process's. Loopback only; no arguments reach the
  * network.
  */
@@ -59,18 +63,19 @@ static void full_recv(int fd, char *p, size_t n, int spin) {
   }
 }
 
-/* Rounds of exchange on fd; the time per round in us. */
-static double exchange(int fd, size_t bytes, int rounds, int spin) {
+/* Rounds of exchange, sending on `out_fd` and reading `in_fd`; the time
+ * per round in us. */
+static double exchange(int out_fd, int in_fd, size_t bytes, int rounds, int spin) {
   char out[4096], in[4096];
   memset(out, 1, sizeof out);
   for (int i = 0; i < rounds / 10 + 1; i++) { /* warmup */
-    full_send(fd, out, bytes);
-    full_recv(fd, in, bytes, spin);
+    full_send(out_fd, out, bytes);
+    full_recv(in_fd, in, bytes, spin);
   }
   double t0 = now_us();
   for (int i = 0; i < rounds; i++) {
-    full_send(fd, out, bytes);
-    full_recv(fd, in, bytes, spin);
+    full_send(out_fd, out, bytes);
+    full_recv(in_fd, in, bytes, spin);
   }
   return (now_us() - t0) / rounds;
 }
@@ -95,19 +100,29 @@ int main(int argc, char **argv) {
   pid_t child = fork();
   if (child < 0)
     die("fork");
-  int fd;
-  if (child == 0) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a))
-      die("connect");
-  } else {
-    fd = accept(ls, NULL, NULL);
-    if (fd < 0)
-      die("accept");
+  int fd[2];
+  for (int k = 0; k < 2; k++) {
+    if (child == 0) {
+      fd[k] = socket(AF_INET, SOCK_STREAM, 0);
+      if (fd[k] < 0 || connect(fd[k], (struct sockaddr *)&a, sizeof a))
+        die("connect");
+    } else {
+      fd[k] = accept(ls, NULL, NULL);
+      if (fd[k] < 0)
+        die("accept");
+    }
+    setsockopt(fd[k], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  for (int spin = 0; spin < 2; spin++) {
-    double us = exchange(fd, bytes, rounds, spin);
+  static const char *modes[] = {"blocking", "spinning", "two-connections"};
+  for (int m = 0; m < 3; m++) {
+    /* Two connections: the parent sends on the first and reads the
+     * second, the child the other way round. */
+    int out_fd = fd[0], in_fd = fd[0];
+    if (m == 2) {
+      out_fd = child != 0 ? fd[0] : fd[1];
+      in_fd = child != 0 ? fd[1] : fd[0];
+    }
+    double us = exchange(out_fd, in_fd, bytes, rounds, m > 0);
     if (child == 0) {
       if (write(report[1], &us, sizeof us) != (ssize_t)sizeof us)
         die("write");
@@ -115,10 +130,11 @@ int main(int argc, char **argv) {
       double theirs;
       if (read(report[0], &theirs, sizeof theirs) != (ssize_t)sizeof theirs)
         die("read");
-      printf("tcp_exchange %zu %s %.2f\n", bytes, spin ? "spinning" : "blocking", us > theirs ? us : theirs);
+      printf("tcp_exchange %zu %s %.2f\n", bytes, modes[m], us > theirs ? us : theirs);
     }
   }
-  close(fd);
+  close(fd[0]);
+  close(fd[1]);
   if (child == 0)
     return 0;
   int st;
