@@ -326,13 +326,41 @@ int harness_shm_segments(void) {
   return n;
 }
 
-void harness_net_log(const char *tag, char *pattern, size_t len) {
+void harness_rank_log(const char *tag, const char *subsys) {
   setenv("NCCL_DEBUG", "INFO", 1);
-  setenv("NCCL_DEBUG_SUBSYS", "NET", 1);
-  snprintf(pattern, len, "/tmp/loom-%s-%d-%%d.log", tag, (int)getpid());
+  setenv("NCCL_DEBUG_SUBSYS", subsys, 1);
   char file[160];
   snprintf(file, sizeof file, "/tmp/loom-%s-%d-%%p.log", tag, (int)getpid());
   setenv("NCCL_DEBUG_FILE", file, 1);
+}
+
+/* A rank's own log: its parent is the test that set the file's name. */
+static void rank_log_path(const char *tag, char *path, size_t len) {
+  snprintf(path, len, "/tmp/loom-%s-%d-%d.log", tag, (int)getppid(), (int)getpid());
+}
+
+int harness_rank_log_count(const char *tag, const char *want) {
+  char path[200], line[4096];
+  rank_log_path(tag, path, sizeof path);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, want) != NULL;
+  fclose(f);
+  return n;
+}
+
+void harness_rank_log_remove(const char *tag) {
+  char path[200];
+  rank_log_path(tag, path, sizeof path);
+  unlink(path);
+}
+
+void harness_net_log(const char *tag, char *pattern, size_t len) {
+  harness_rank_log(tag, "NET");
+  snprintf(pattern, len, "/tmp/loom-%s-%d-%%d.log", tag, (int)getpid());
 }
 
 #if LOOM_TEST_CUDA

@@ -58,9 +58,18 @@ int harness_shm_segments(void);
  * could not use it in the ranks it forks. */
 int harness_cuda_devices(void);
 
-/* Sends each rank's NET log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=NET) to a
- * file of its own, /tmp/loom-<tag>-<test pid>-<rank pid>.log; `pattern`
- * gets that path with %d for the rank's pid. */
+/* Sends each rank's log of the subsystems `subsys` (NCCL_DEBUG=INFO) to
+ * a file of its own, /tmp/loom-<tag>-<test pid>-<rank pid>.log. */
+void harness_rank_log(const char *tag, const char *subsys);
+
+/* In a rank that run_ranks started after harness_rank_log(tag, ...): the
+ * lines of its own log that contain `want`, -1 without a log; and the
+ * log removed. */
+int harness_rank_log_count(const char *tag, const char *want);
+void harness_rank_log_remove(const char *tag);
+
+/* harness_rank_log(tag, "NET"); `pattern` gets the files' path with %d
+ * for the rank's pid. */
 void harness_net_log(const char *tag, char *pattern, size_t len);
 
 /* Removes a folder a test made (mkdtemp) and all in it; says so where it

@@ -20,32 +20,11 @@
 #include "test.h"
 
 /* Each rank's log, one file per process. */
-static void flat_log(void) {
-  char file[160];
-  setenv("NCCL_DEBUG", "INFO", 1);
-  setenv("NCCL_DEBUG_SUBSYS", "SHM,TUNING", 1);
-  snprintf(file, sizeof file, "/tmp/loom-flat-%d-%%p.log", (int)getpid());
-  setenv("NCCL_DEBUG_FILE", file, 1);
-}
+static void flat_log(void) { harness_rank_log("flat", "SHM,TUNING"); }
 
-static int log_count(const char *want) {
-  char path[200], line[4096];
-  snprintf(path, sizeof path, "/tmp/loom-flat-%d-%d.log", (int)getppid(), (int)getpid());
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  int n = 0;
-  while (fgets(line, sizeof line, f))
-    n += strstr(line, want) != NULL;
-  fclose(f);
-  return n;
-}
+static int log_count(const char *want) { return harness_rank_log_count("flat", want); }
 
-static void log_remove(void) {
-  char path[200];
-  snprintf(path, sizeof path, "/tmp/loom-flat-%d-%d.log", (int)getppid(), (int)getpid());
-  unlink(path);
-}
+static void log_remove(void) { harness_rank_log_remove("flat"); }
 
 static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
   ncclComm_t comm;

@@ -21,31 +21,7 @@
 #include "nccl.h"
 #include "test.h"
 
-static void win_log(void) {
-  char file[160];
-  setenv("NCCL_DEBUG", "INFO", 1);
-  setenv("NCCL_DEBUG_SUBSYS", "SHM,TUNING", 1);
-  snprintf(file, sizeof file, "/tmp/loom-flatwin-%d-%%p.log", (int)getpid());
-  setenv("NCCL_DEBUG_FILE", file, 1);
-}
-
-static void log_path(char *path, size_t len) {
-  snprintf(path, len, "/tmp/loom-flatwin-%d-%d.log", (int)getppid(), (int)getpid());
-}
-
-/* Lines of this process's log that contain `want`; -1 without a log. */
-static int log_count(const char *want) {
-  char path[200], line[4096];
-  log_path(path, sizeof path);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  int n = 0;
-  while (fgets(line, sizeof line, f))
-    n += strstr(line, want) != NULL;
-  fclose(f);
-  return n;
-}
+static void win_log(void) { harness_rank_log("flatwin", "SHM,TUNING"); }
 
 /* 3 ranks: the arena's region is 1 MiB, so this many floats take three
  * rounds, the last one short and not a multiple of a cache line. */
@@ -146,10 +122,9 @@ static int calls_rank(int rank, int n, ncclUniqueId id, void *arg) {
   RCHECK(comm, ncclCommDestroy(comm));
   if (L->threads)
     return 0;
-  int direct = log_count("buffers in place, in windows"), flat = log_count(": Flat,");
-  char path[200];
-  log_path(path, sizeof path);
-  unlink(path);
+  int direct = harness_rank_log_count("flatwin", "buffers in place, in windows");
+  int flat = harness_rank_log_count("flatwin", ": Flat,");
+  harness_rank_log_remove("flatwin");
   RASSERT(direct == 1, "rank %d: the log says %d time(s) that flat calls used the windows in place", rank, direct);
   RASSERT(flat >= 3, "rank %d: the tuner's log names Flat for %d size classes", rank, flat);
   return 0;

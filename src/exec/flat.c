@@ -112,9 +112,9 @@ static ncclResult_t peer_buffer(const struct work *w, int r, uint32_t id, uint64
     return ncclSuccess;
   }
   return err_set(ncclInvalidUsage,
-                 "rank %d's %s lies in window %u (its %u%s ncclCommWindowRegister on this communicator), which rank %d "
+                 "rank %d's %s lies in window %u (registration number %u on this communicator), which rank %d "
                  "does not have: every rank registers and deregisters windows in the same order",
-                 r, what, id, id, id == 1 ? "st" : id == 2 ? "nd" : id == 3 ? "rd" : "th", comm->rank);
+                 r, what, id, id, comm->rank);
 }
 
 /* After round 0's first barrier: where every other rank's buffers are,
