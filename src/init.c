@@ -183,10 +183,11 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
     in.lat_local *= 2.5;
     in.lat_barrier *= 2.5;
     /* Flat AllReduce, where the arena exists (arena_setup), measured
-     * faster than rings and recursive doubling up to here on 4 and 8
-     * ranks over 2 CPUs; where every rank has a CPU, only its small
-     * calls are (perf/README.md). */
-    in.flat_pref_max = (size_t)16 << 20;
+     * faster than rings and recursive doubling at every size on 8 ranks
+     * over 2 CPUs, and as fast as rings from 16 MiB on 4 (its outputs
+     * written by streaming stores from 1 MiB); where every rank has a
+     * CPU, only its small calls are (perf/README.md). */
+    in.flat_pref_max = SIZE_MAX;
   }
   comm->tuner = calloc(1, sizeof *comm->tuner);
   if (!comm->tuner)

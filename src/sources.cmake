@@ -22,7 +22,7 @@ set(LOOM_SOURCES
   src/transport/net/ext/net_ext.c src/transport/net/ext/net_ext_v8.c src/transport/net/ext/net_ext_v9.c
   src/transport/net/ext/net_ext_v10.c
   # execution (the CUDA executor is added where the build has CUDA)
-  src/exec/host_exec.c src/exec/flat.c src/exec/reduce.c src/exec/sched.c src/exec/slot.c
+  src/exec/host_exec.c src/exec/flat.c src/exec/copy.c src/exec/reduce.c src/exec/sched.c src/exec/slot.c
   # topology
   src/topology/discover.c src/topology/graph.c src/topology/nvml.c src/topology/search.c src/topology/topo.c
   src/topology/topo_xml.c src/topology/xml.c
