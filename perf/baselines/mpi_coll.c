@@ -1,7 +1,8 @@
 /*
  * The Open MPI side of perf/compare_host.sh: AllReduce (float sum),
  * AllGather and ReduceScatter timed the way Loom's *_perf tools time them
- * and sized as they size them, so that the two columns can be divided.
+ * (each timed call a buffer further into the MAX bytes allocated) and
+ * sized as they size them, so that the two columns can be divided.
  * Size is the largest buffer of the call, as in nccl-tests: AllReduce's
  * buffer, AllGather's output, ReduceScatter's input; a rank holds size/n
  * of the gathered or scattered side, and the size is rounded down to whole
@@ -100,13 +101,22 @@ int main(int argc, char **argv) {
       continue;
     for (int i = 0; i < warmup; i++)
       run(c, in, out, count, n);
+    /* Call i works on the buffers `count` floats times i (mod steps) in,
+     * as Loom's tools and nccl-tests do, so that a size smaller than MAX
+     * is not always served from the same cache lines: without it the
+     * sweep's middle sizes ran warm here and cold in Loom's column. */
+    size_t steps = (max / sizeof(float)) / count, last = 0;
+    if (steps == 0)
+      steps = 1;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++)
-      run(c, in, out, count, n);
+    for (int i = 0; i < iters; i++) {
+      last = count * ((size_t)i % steps);
+      run(c, in + last, out + last, count, n);
+    }
     double mean = (MPI_Wtime() - t0) / iters, slowest;
     MPI_Allreduce(&mean, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (wrong(c, out, count, n)) {
+    if (wrong(c, out + last, count, n)) {
       fprintf(stderr, "mpi_coll: rank %d: wrong %s result at %zu bytes\n", rank, argv[1], count * sizeof(float));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
