@@ -28,6 +28,13 @@ enum flat_state { FLAT_WRITE = 0, FLAT_REDUCE = 1, FLAT_GATHER = 2, FLAT_DONE = 
 
 static int flat_streams(const struct work *w) { return w->task->count * w->esize >= FLAT_STREAM_MIN; }
 
+static void copy_out(int stream, void *to, const void *from, size_t bytes) {
+  if (stream)
+    copy_streaming(to, from, bytes);
+  else
+    memcpy(to, from, bytes);
+}
+
 /* Rank r's slice of a round of `len` elements: [*lo, *hi), cut at
  * multiples of 64 bytes so that no two ranks write one cache line. */
 static void slice_of(const struct work *w, uint64_t len, int r, uint64_t *lo, uint64_t *hi) {
@@ -235,12 +242,8 @@ static void reduce_slice(struct work *w, const struct shm_arena *a, const struct
      * this core's cache, where ordinary stores are the faster. */
     for (int k = 1; k < a->nranks; k++) {
       int r = (a->me + k) % a->nranks;
-      if (!a->peer_dst[r])
-        continue;
-      if (stream && a->peer_dst[r] != a->peer_src[r])
-        copy_streaming(a->peer_dst[r] + (off + b) * es, dst, n * es);
-      else
-        memcpy(a->peer_dst[r] + (off + b) * es, dst, n * es);
+      if (a->peer_dst[r])
+        copy_out(stream && a->peer_dst[r] != a->peer_src[r], a->peer_dst[r] + (off + b) * es, dst, n * es);
     }
   }
 }
@@ -255,14 +258,9 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
   int stream = flat_streams(w) && w->src != w->dst;
   for (int r = 0; r < a->nranks; r++) {
     slice_of(w, len, r, &lo, &hi);
-    if (r == a->me || hi == lo)
-      continue;
-    char *to = w->dst + (off + lo) * w->esize;
-    const char *from = arena_region(a, w->flat.use, r) + lo * w->esize;
-    if (stream)
-      copy_streaming(to, from, (hi - lo) * w->esize);
-    else
-      memcpy(to, from, (hi - lo) * w->esize);
+    if (r != a->me && hi > lo)
+      copy_out(stream, w->dst + (off + lo) * w->esize, arena_region(a, w->flat.use, r) + lo * w->esize,
+               (hi - lo) * w->esize);
   }
 }
 
