@@ -32,7 +32,6 @@
 
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +137,9 @@ static void open_pidfds(struct ncclComm *comm) {
 }
 
 /* Spinning answers a peer fastest but only while each rank has a core:
- * with more ranks on this host than CPUs to run them, a spinning rank
- * holds the core its peer needs, so it yields at once instead. */
+ * where more ranks may run on a rank's CPUs than there are of them, a
+ * spinning rank holds the core its peer needs, so it yields at once
+ * instead. Ranks pinned one to a CPU each (mpirun --bind-to core) spin. */
 static uint64_t spin_budget(int oversubscribed) {
   int64_t us = param_int(P_SPIN_US);
   if (us >= 0)
@@ -147,25 +147,57 @@ static uint64_t spin_budget(int oversubscribed) {
   return oversubscribed ? 0 : 20000;
 }
 
+struct host_rank {
+  uint64_t host_hash;
+  int rank;
+};
+
+static int host_rank_cmp(const void *a, const void *b) {
+  const struct host_rank *x = a, *y = b;
+  if (x->host_hash != y->host_hash)
+    return x->host_hash < y->host_hash ? -1 : 1;
+  return x->rank - y->rank;
+}
+
+/* Hosts, the most ranks on one, and which ranks are crowded (more ranks
+ * may run on their CPUs than there are CPUs: place_crowded), from every
+ * rank's peer record, one host's ranks at a time. */
+static ncclResult_t host_census(struct ncclComm *comm, int *nhosts, int *maxper, int *crowded, int *mine) {
+  int n = comm->nranks;
+  *nhosts = *maxper = *crowded = *mine = 0;
+  struct host_rank *order = malloc((size_t)n * sizeof *order);
+  const struct place_cpus **sets = malloc((size_t)n * sizeof *sets);
+  if (!order || !sets) {
+    free(order);
+    free(sets);
+    return err_set(ncclSystemError, "out of memory for the communicator's host census");
+  }
+  for (int r = 0; r < n; r++)
+    order[r] = (struct host_rank){comm->peers[r].host_hash, r};
+  qsort(order, (size_t)n, sizeof *order, host_rank_cmp);
+  for (int a = 0, b; a < n; a = b) {
+    for (b = a; b < n && order[b].host_hash == order[a].host_hash; b++)
+      sets[b - a] = &comm->peers[order[b].rank].cpus;
+    (*nhosts)++;
+    *maxper = LOOM_MAX(*maxper, b - a);
+    for (int i = 0; i < b - a; i++) {
+      int c = place_crowded(sets, b - a, i);
+      *crowded |= c;
+      if (order[a + i].rank == comm->rank)
+        *mine = c;
+    }
+  }
+  free(order);
+  free(sets);
+  return ncclSuccess;
+}
+
 /* The tuning model's view of the communicator (tuner_shape). */
 static ncclResult_t tune_setup(struct ncclComm *comm) {
-  int nhosts = 0, maxper = 0, shm_off = 0, oversubscribed = 0, mine_oversubscribed = 0;
-  for (int r = 0; r < comm->nranks; r++) {
-    int first = 1, per = 0;
-    for (int q = 0; q < comm->nranks; q++) {
-      if (comm->peers[q].host_hash != comm->peers[r].host_hash)
-        continue;
-      per++;
-      if (q < r)
-        first = 0;
-    }
-    oversubscribed |= per > comm->peers[r].ncpus;
-    if (r == comm->rank)
-      mine_oversubscribed = per > comm->peers[r].ncpus;
-    nhosts += first;
-    maxper = LOOM_MAX(maxper, per);
+  int nhosts, maxper, shm_off = 0, oversubscribed, mine_oversubscribed;
+  CHECK(host_census(comm, &nhosts, &maxper, &oversubscribed, &mine_oversubscribed));
+  for (int r = 0; r < comm->nranks; r++)
     shm_off |= comm->peers[r].shm_disabled;
-  }
   comm->nhosts = nhosts;
   comm->spin_ns = spin_budget(mine_oversubscribed);
   int64_t single = param_int(P_SHM_SINGLE_COPY);
@@ -174,11 +206,11 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   struct tune_input in;
   tuner_shape(&in, comm->nranks, nhosts, maxper, comm->nchannels, !comm->is_host, shm_off, comm->buffsize,
               comm->topo_chain_gbs, comm->topo_nic_gbs);
-  /* With more ranks than CPUs on a host, every step waits for the peer to
-   * be scheduled: measured (perf/crossover.py) as about 2.5 times the
-   * step latency, which moves the switch from recursive doubling to rings
-   * from 16-32 KiB to 64-128 KiB. Every rank sees the same peers, so all
-   * decide alike. */
+  /* With more ranks than CPUs on a host (any rank crowded), every step
+   * waits for the peer to be scheduled: measured (perf/crossover.py) as
+   * about 2.5 times the step latency, which moves the switch from
+   * recursive doubling to rings from 16-32 KiB to 64-128 KiB. Every rank
+   * sees the same peers, so all decide alike. */
   if (comm->is_host && !shm_off && oversubscribed) {
     in.lat_local *= 2.5;
     in.lat_barrier *= 2.5;
@@ -282,8 +314,7 @@ static ncclResult_t comm_init_ids(struct ncclComm *comm, int nranks, const ncclU
   me->nchannels_wanted = topo_bound_channels(rule.alone, config->minCTAs, config->maxCTAs);
   me->nchannels_shared = topo_bound_channels(nvlink_ok ? rule.shared : rule.alone, config->minCTAs, config->maxCTAs);
   me->numa = topo_current_numa();
-  cpu_set_t cpus;
-  me->ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  place_cpus_self(&me->cpus);
   me->tuning_hash = (uint32_t)util_hash_str(param_str(P_ALGO), util_hash_str(param_str(P_PROTO), 0));
   me->check_calls = comm->is_host && call_check_enabled();
   me->sig_fd = -1;

@@ -4,6 +4,7 @@
  * benchmark once. A benchmark that finds a wrong element exits non-zero.
  */
 #include <glob.h>
+#include <sched.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,67 @@ TEST_IMPL(perf_loomrun_failing_rank) {
   char *argv[] = {LOOMRUN, "-n", "2", "--timeout", "60", "/bin/sh", "-c", "test \"$LOOM_RANK\" = 0 || exit 3", NULL};
   int rc = harness_run(argv, out, sizeof out);
   ASSERT_MSG(rc == 3, "loomrun exited with %d, expected the failing rank's 3", rc);
+  return 0;
+}
+
+/* The CPUs each rank got: "r<local rank> <Cpus_allowed_list>" per line. */
+static int rank_cpus(const char *bind, int n, char lists[][64]) {
+  char nstr[16];
+  snprintf(nstr, sizeof nstr, "%d", n);
+  char *argv[] = {LOOMRUN, "-n", nstr, "--timeout", "60", "--bind", (char *)bind, "/bin/sh", "-c",
+                  "echo \"r$LOOM_LOCAL_RANK $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)\"",
+                  NULL};
+  int rc = harness_run(argv, out, sizeof out);
+  ASSERT_MSG(rc == 0, "loomrun --bind %s exited with %d:\n%s", bind, rc, out);
+  for (int i = 0; i < n; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "r%d ", i);
+    const char *p = strstr(out, key);
+    ASSERT_MSG(p && sscanf(p + strlen(key), "%63s", lists[i]) == 1, "no line for rank %d in:\n%s", i, out);
+  }
+  return 0;
+}
+
+/* loomrun --bind: cpu puts local rank i on the (i mod k)-th of the k CPUs
+ * it may run on itself, none leaves them all, auto binds only where the
+ * ranks outnumber those CPUs. */
+TEST_IMPL(perf_loomrun_bind) {
+  cpu_set_t have;
+  ASSERT(sched_getaffinity(0, sizeof have, &have) == 0);
+  int k = CPU_COUNT(&have), cpu[64], nc = 0;
+  for (int c = 0; c < CPU_SETSIZE && nc < 64; c++)
+    if (CPU_ISSET(c, &have))
+      cpu[nc++] = c;
+  if (k > 32)
+    SKIP("this process may run on %d CPUs; the test starts k+1 ranks and checks each, up to 32", k);
+  static char lists[40][64];
+  int n = k + 1;
+  ASSERT(rank_cpus("cpu", n, lists) == 0);
+  for (int i = 0; i < n; i++) {
+    char want[16];
+    snprintf(want, sizeof want, "%d", cpu[i % k]);
+    ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind cpu: rank %d runs on %s, not CPU %s", i, lists[i], want);
+  }
+  ASSERT(rank_cpus("auto", n, lists) == 0);
+  for (int i = 0; i < n; i++) {
+    char want[16];
+    snprintf(want, sizeof want, "%d", cpu[i % k]);
+    ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind auto, %d ranks on %d CPUs: rank %d runs on %s", n, k, i,
+               lists[i]);
+  }
+  /* As many ranks as CPUs, and none: every rank keeps the launcher's set. */
+  char all[64];
+  ASSERT(rank_cpus("none", 1, lists) == 0);
+  snprintf(all, sizeof all, "%s", lists[0]);
+  ASSERT(rank_cpus("auto", k, lists) == 0);
+  for (int i = 0; i < k; i++)
+    ASSERT_MSG(strcmp(lists[i], all) == 0, "--bind auto, %d ranks on %d CPUs: rank %d runs on %s, not %s", k, k,
+               i, lists[i], all);
+  ASSERT(rank_cpus("none", n, lists) == 0);
+  for (int i = 0; i < n; i++)
+    ASSERT_MSG(strcmp(lists[i], all) == 0, "--bind none: rank %d runs on %s, not %s", i, lists[i], all);
+  char *bad[] = {LOOMRUN, "-n", "2", "--bind", "core", "true", NULL};
+  ASSERT(harness_run_merged(bad, out, sizeof out) == 1 && strstr(out, "--bind wants auto, cpu or none"));
   return 0;
 }
 

@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -474,7 +475,33 @@ typedef struct {
   int running;
   int status;
   char **env;
+  int cpu; /* the one CPU it runs on, or -1 */
 } child_t;
+
+/* Each child's CPU (LOOM_BIND_*), or -1 for all of the launcher's: taken
+ * in order from the launcher's own affinity, which a job's cgroup or an
+ * outer taskset has already narrowed. */
+static void choose_cpus(const char *prog, int bind, child_t *c, int n) {
+  cpu_set_t have;
+  for (int i = 0; i < n; i++) c[i].cpu = -1;
+  if (bind == LOOM_BIND_NONE) return;
+  if (sched_getaffinity(0, sizeof have, &have) != 0) {
+    fprintf(stderr, "%s: cannot read this process's CPUs (%s); the ranks are not bound\n", prog,
+            strerror(errno));
+    return;
+  }
+  int k = CPU_COUNT(&have);
+  if (k == 0 || (bind == LOOM_BIND_AUTO && n <= k)) return;
+  for (int i = 0; i < n; i++) {
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
+      if (!CPU_ISSET(cpu, &have)) continue;
+      if (seen++ == i % k) {
+        c[i].cpu = cpu;
+        break;
+      }
+    }
+  }
+}
 
 static void describe_status(int status, char *buf, size_t len) {
   if (WIFEXITED(status)) {
@@ -658,12 +685,20 @@ int loomLaunch(const char *prog, const loomLaunchOptions *o) {
       goto out;
     }
   }
+  choose_cpus(prog, o->bind, c, n);
   fflush(stdout);
   fflush(stderr);
   for (int i = 0; i < n; i++) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    if (c[i].cpu >= 0) CPU_SET(c[i].cpu, &one);
     pid_t pid = fork();
     if (pid == 0) {
       sigprocmask(SIG_SETMASK, &oldmask, NULL);
+      /* A raw system call, safe after fork; the CPU is one the launcher
+       * may run on, so this fails only if that changed meanwhile, and then
+       * the rank runs unbound rather than not at all. */
+      if (c[i].cpu >= 0) sched_setaffinity(0, sizeof one, &one);
       execve(path, o->argv, c[i].env);
       child_fail(prog, path, errno);
       _exit(LOOM_LAUNCH_NOEXEC);
@@ -679,8 +714,11 @@ int loomLaunch(const char *prog, const loomLaunchOptions *o) {
   if (o->verbose) {
     fprintf(stderr, "%s: started %s as", prog, path);
     for (int i = 0; i < n; i++)
-      if (c[i].running) fprintf(stderr, " rank %d (pid %ld)%s", c[i].rank, (long)c[i].pid,
-                                i + 1 < n ? "," : "");
+      if (c[i].running) {
+        fprintf(stderr, " rank %d (pid %ld", c[i].rank, (long)c[i].pid);
+        if (c[i].cpu >= 0) fprintf(stderr, ", CPU %d", c[i].cpu);
+        fprintf(stderr, ")%s", i + 1 < n ? "," : "");
+      }
     fprintf(stderr, " of %d\n", o->nranks);
   }
   result = supervise(prog, o, c, n, start, result);

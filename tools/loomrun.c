@@ -2,7 +2,7 @@
  * loomrun: start N ranks of a program as processes on this host.
  *
  *   loomrun -n N [--timeout S] [--grace S] [--ranks LIST] [--id-out F | --id-in F]
- *           [-v] [--] program args...
+ *           [--bind auto|cpu|none] [-v] [--] program args...
  *
  * For several hosts, each host's loomrun starts its own ranks with --ranks;
  * one of them makes the id and writes it with --id-out, the others read it
@@ -38,6 +38,9 @@ static void usage(FILE *f) {
           "                     or - for stdout) for the other hosts' loomrun --id-in\n"
           "      --id-in FILE   take the unique id from FILE (- for stdin) instead of\n"
           "                     making one; waits for it up to --timeout (or 60 s)\n"
+          "      --bind WHERE   auto (default): where the ranks outnumber the CPUs this\n"
+          "                     runs on, rank i here on the (i mod k)-th of those k CPUs,\n"
+          "                     as --bind cpu does always; none: never\n"
           "  -v, --verbose      say which pids were started and how each rank ended\n"
           "  -h, --help         this text\n"
           "\n"
@@ -71,16 +74,18 @@ static int parse_seconds(const char *s, double *out) {
 }
 
 int main(int argc, char **argv) {
-  enum { OPT_GRACE = 1000, OPT_ID_OUT, OPT_ID_IN, OPT_TIMEOUT };
+  enum { OPT_GRACE = 1000, OPT_ID_OUT, OPT_ID_IN, OPT_TIMEOUT, OPT_BIND };
   static const struct option longopts[] = {
       {"nranks", required_argument, NULL, 'n'},  {"np", required_argument, NULL, 'n'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"grace", required_argument, NULL, OPT_GRACE},
       {"ranks", required_argument, NULL, 'r'},   {"id-out", required_argument, NULL, OPT_ID_OUT},
       {"id-in", required_argument, NULL, OPT_ID_IN}, {"verbose", no_argument, NULL, 'v'},
+      {"bind", required_argument, NULL, OPT_BIND},
       {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
   loomLaunchOptions o;
   memset(&o, 0, sizeof(o));
+  o.bind = LOOM_BIND_AUTO;
   const char *ranklist = NULL;
   opterr = 0;
   /* '+': stop at the program name, so its own options are left alone. */
@@ -113,6 +118,12 @@ int main(int argc, char **argv) {
         break;
       case OPT_ID_IN:
         o.id_in = optarg;
+        break;
+      case OPT_BIND:
+        if (strcmp(optarg, "auto") == 0) o.bind = LOOM_BIND_AUTO;
+        else if (strcmp(optarg, "cpu") == 0) o.bind = LOOM_BIND_CPU;
+        else if (strcmp(optarg, "none") == 0) o.bind = LOOM_BIND_NONE;
+        else return bad("--bind wants auto, cpu or none, not \"%s\"", optarg);
         break;
       case 'v':
         o.verbose = 1;

@@ -13,6 +13,7 @@
 
 #include "core.h"
 #include "comm/comm_slots.h"
+#include "misc/place.h"
 
 struct bootstrap;
 struct conn;
@@ -59,7 +60,6 @@ struct peer_info {
   int32_t numa;   /* the NUMA node the rank runs on */
   uint32_t tuning_hash; /* of NCCL_ALGO and NCCL_PROTO: every rank must choose alike */
   int32_t check_calls;  /* LOOM_CHECK_CALLS: every rank must take part alike */
-  int32_t ncpus;        /* CPUs the rank may run on (its affinity) */
   /* Which process the rank is (util_process_id: pids of two pid
    * namespaces can be equal) and its pid namespace (0: unknown), where
    * `pid` means something only to ranks of the same one. */
@@ -70,6 +70,7 @@ struct peer_info {
    * descriptor there and identity; sig_size 0 where it has none. */
   uint64_t sig_addr, sig_size, sig_dev, sig_ino;
   int32_t sig_fd;
+  struct place_cpus cpus; /* the CPUs it may run on (its affinity) */
 };
 
 struct channel {

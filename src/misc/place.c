@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #if LOOM_HAVE_NUMA
 #include <numa.h>
 #endif
@@ -51,4 +52,35 @@ int place_thread(const char *cpulist, int ignore_affinity) {
   INFO(LOG_INIT, "thread bound to CPUs %s%s", cpulist,
        ignore_affinity ? " (NCCL_IGNORE_CPU_AFFINITY)" : " within the job's affinity");
   return 1;
+}
+
+void place_cpus_self(struct place_cpus *c) {
+  cpu_set_t set;
+  memset(c, 0, sizeof *c);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    memset(c, 0xff, sizeof *c);
+    return;
+  }
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpu < 64 * PLACE_CPU_WORDS; cpu++)
+    if (CPU_ISSET(cpu, &set))
+      c->w[cpu / 64] |= (uint64_t)1 << (cpu % 64);
+}
+
+int place_crowded(const struct place_cpus *const *set, int n, int who) {
+  struct place_cpus all;
+  memset(&all, 0, sizeof all);
+  int sharing = 0, cpus = 0;
+  for (int q = 0; q < n; q++) {
+    uint64_t meet = 0;
+    for (int i = 0; i < PLACE_CPU_WORDS; i++)
+      meet |= set[q]->w[i] & set[who]->w[i];
+    if (!meet)
+      continue;
+    sharing++;
+    for (int i = 0; i < PLACE_CPU_WORDS; i++)
+      all.w[i] |= set[q]->w[i];
+  }
+  for (int i = 0; i < PLACE_CPU_WORDS; i++)
+    cpus += __builtin_popcountll(all.w[i]);
+  return sharing > cpus;
 }
