@@ -54,9 +54,7 @@ typedef struct {
 /* Where the ranks started here may run. NONE (0): wherever the launcher
  * may. CPU: the i-th rank started here on the (i mod k)-th of the k CPUs
  * the launcher may run on, each on one. AUTO: as CPU where the ranks
- * outnumber those CPUs (the scheduler, left alone, moves crowded ranks
- * between CPUs and away from the caches that hold their data), else as
- * NONE. */
+ * outnumber those CPUs, else as NONE. */
 enum { LOOM_BIND_NONE = 0, LOOM_BIND_CPU = 1, LOOM_BIND_AUTO = 2 };
 
 /* Runs the ranks to completion. Returns 0 when every rank exited with

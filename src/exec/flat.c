@@ -17,16 +17,14 @@ enum flat_state { FLAT_WRITE = 0, FLAT_REDUCE = 1, FLAT_GATHER = 2, FLAT_DONE = 
  * time, so that the partial result stays in the core's cache. */
 #define FLAT_BLOCK (16u << 10)
 
-/* From this size on, an output that is not also the input is written with
- * streaming stores: the call has not read its lines, so they are seldom
- * in this core's cache, and reading each before writing it is a third of
- * the memory traffic of the copy, wasted. Measured faster from 1 MiB on 4 and
- * 8 ranks, the same at 256 KiB and on 2 (perf/README.md). Copying the
- * inputs into the regions so is slower: the other ranks read them next,
- * and would read them from memory. */
-#define FLAT_STREAM_MIN ((uint64_t)1 << 20)
-
-static int flat_streams(const struct work *w) { return w->task->count * w->esize >= FLAT_STREAM_MIN; }
+/* From COPY_STREAM_MIN on, an output that is not also the input is
+ * written with streaming stores: the call has not read its lines, so they
+ * are seldom in this core's cache, and reading each before writing it is
+ * a third of the memory traffic of the copy, wasted. Measured faster from
+ * 1 MiB on 4 and 8 ranks, the same at 256 KiB and on 2 (perf/README.md).
+ * Copying the inputs into the regions so is slower: the other ranks read
+ * them next, and would read them from memory. */
+static int flat_streams(const struct work *w) { return w->task->count * w->esize >= COPY_STREAM_MIN; }
 
 static void copy_out(int stream, void *to, const void *from, size_t bytes) {
   if (stream)

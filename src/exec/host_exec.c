@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "core.h"
 #include "comm/comm.h"
+#include "exec/copy.h"
 #include "exec/flat.h"
 #include "exec/host_exec.h"
 #include "exec/slot.h"
@@ -136,7 +137,12 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
       memcpy(out, src, bytes);
     break;
   case STEP_RECV:
-    if (!landed)
+    /* The payload's last stop: an output this call has not read, out of
+     * place (copy.h, COPY_STREAM_MIN); in place its lines were read as
+     * the input and ordinary stores find them in the cache. */
+    if (!landed && w->task->count * w->esize >= COPY_STREAM_MIN && w->src != w->dst)
+      copy_streaming(dst, in, bytes);
+    else if (!landed)
       memcpy(dst, in, bytes);
     break;
   case STEP_COPY_SEND:
