@@ -21,8 +21,15 @@
 /* Programs built against NCCL expect nccl.h to bring in the CUDA runtime and
  * its half types. Where the toolkit is not on the include path (host-only
  * builds and programs), cudaStream_t is declared the way the runtime
- * declares it, so both headers can be included in any order. */
-#if defined(__has_include)
+ * declares it, so both headers can be included in any order. Built for AMD
+ * GPUs (HIP), it brings in HIP's runtime instead, as RCCL's header does,
+ * and the streams the API takes are HIP's. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+typedef hipStream_t cudaStream_t;
+#define NCCL_STREAM_IS_HIP 1
+#elif defined(__has_include)
 #if __has_include(<cuda_runtime.h>) && !defined(LOOM_NO_CUDA_HEADERS)
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -34,7 +41,7 @@
 #endif
 #endif
 #endif
-#ifndef CUDART_VERSION
+#if !defined(CUDART_VERSION) && !defined(NCCL_STREAM_IS_HIP)
 typedef struct CUstream_st *cudaStream_t;
 #endif
 

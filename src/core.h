@@ -33,6 +33,14 @@
       goto label;                        \
   } while (0)
 
+/* Functions the GPU kernels call too (CUDA's nvcc, HIP's clang); plain C
+ * functions elsewhere. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
 #define LOOM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LOOM_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define LOOM_DIV_UP(a, b) (((a) + (b) - 1) / (b))

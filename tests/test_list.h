@@ -332,6 +332,8 @@ UNIT_TEST(unit_topo_channels, 30)
 UNIT_TEST(unit_topo_pci_chain, 30)
 TEST(tools_loom_info, 60)
 TEST(tools_params_documented, 30)
+/* The GPU kernel built for AMD GPUs, where hipcc is installed (test_hip.c). */
+TEST(hip_kernel_source, 300)
 TEST(docs_links, 30)
 TEST(layers_check, 30)
 TEST(perf_compare_host_quick, 120)

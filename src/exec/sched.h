@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "nccl.h"
+#include "core.h" /* LOOM_HOST_DEVICE */
 
 enum step_kind {
   STEP_SEND = 0,                  /* input -> next */
@@ -101,13 +101,7 @@ struct schedule {
   struct step_tmpl *tmpl;
 };
 
-/* The CUDA kernel walks the same steps. */
-#ifdef __CUDACC__
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
-
+/* The GPU kernel walks the same steps (LOOM_HOST_DEVICE). */
 /* Step k (< s->nsteps) of a schedule; its nelem is 0 where the step is
  * one to skip. The host executor and the CUDA kernel both expand steps
  * with this, one at a time, as they reach them. schedule_finish checked

@@ -1,7 +1,8 @@
 /*
- * The CUDA executor's kernel: one thread block per lane walks its works'
+ * The GPU executor's kernel: one thread block per lane walks its works'
  * schedule steps in order, one FIFO slot at a time, exactly as the host
- * executor does. With the Simple protocol thread 0 waits for the slots
+ * executor does. One source for NVIDIA GPUs (nvcc), AMD GPUs (hipcc) and
+ * the CPU emulation: what differs between them is port.cuh's. With the Simple protocol thread 0 waits for the slots
  * and publishes them, in a warp of its own that overlaps the next piece's
  * handshake with the current piece's data (kernel_simple.cuh); the other
  * warps move data, 16 bytes at a time where all pointers allow it, with
@@ -17,10 +18,6 @@
  * a CPU rank of the same type produce the same bits.
  * SPDX-License-Identifier: Apache-2.0
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +27,7 @@
 #include "core.h"
 #include "common/coll.h"
 #include "exec/cuda/dev.h"
+#include "exec/cuda/port.cuh"
 
 /* ---- element types ----------------------------------------------------- */
 
@@ -55,29 +53,23 @@ struct E5m2 {
 
 template <> struct Num<Half> {
   typedef float C;
-  static __device__ __forceinline__ float in(Half h) { return __half2float(__ushort_as_half(h.v)); }
-  static __device__ __forceinline__ Half out(float f) { return Half{__half_as_ushort(__float2half_rn(f))}; }
+  static __device__ __forceinline__ float in(Half h) { return port_half_in(h.v); }
+  static __device__ __forceinline__ Half out(float f) { return Half{port_half_out(f)}; }
 };
 template <> struct Num<Bf16> {
   typedef float C;
-  static __device__ __forceinline__ float in(Bf16 b) { return __bfloat162float(__ushort_as_bfloat16(b.v)); }
-  static __device__ __forceinline__ Bf16 out(float f) { return Bf16{__bfloat16_as_ushort(__float2bfloat16_rn(f))}; }
+  static __device__ __forceinline__ float in(Bf16 b) { return port_bf16_in(b.v); }
+  static __device__ __forceinline__ Bf16 out(float f) { return Bf16{port_bf16_out(f)}; }
 };
 template <> struct Num<E4m3> {
   typedef float C;
-  static __device__ __forceinline__ float in(E4m3 e) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(e.v, __NV_E4M3);
-    return __half2float(__half(h));
-  }
-  static __device__ __forceinline__ E4m3 out(float f) { return E4m3{__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3)}; }
+  static __device__ __forceinline__ float in(E4m3 e) { return port_e4m3_in(e.v); }
+  static __device__ __forceinline__ E4m3 out(float f) { return E4m3{port_e4m3_out(f)}; }
 };
 template <> struct Num<E5m2> {
   typedef float C;
-  static __device__ __forceinline__ float in(E5m2 e) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(e.v, __NV_E5M2);
-    return __half2float(__half(h));
-  }
-  static __device__ __forceinline__ E5m2 out(float f) { return E5m2{__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2)}; }
+  static __device__ __forceinline__ float in(E5m2 e) { return port_e5m2_in(e.v); }
+  static __device__ __forceinline__ E5m2 out(float f) { return E5m2{port_e5m2_out(f)}; }
 };
 
 /* Integer sums and products wrap: they are done on the unsigned type. */
@@ -167,16 +159,18 @@ template <typename H> __device__ __forceinline__ uint32_t bits_of_h2(H h) {
   memcpy(&u, &h, sizeof u);
   return u;
 }
-/* The CUDA pair type of a storage type that has one. */
+/* The CUDA pair type of a storage type that has one (none on AMD). */
 template <typename T> struct Pair2 {
   typedef void H;
 };
+#if PORT_PAIRS
 template <> struct Pair2<Half> {
   typedef __half2 H;
 };
 template <> struct Pair2<Bf16> {
   typedef __nv_bfloat162 H;
 };
+#endif
 template <typename T, int KIND> struct Paired {
   typedef typename Pair2<T>::H H;
   static const bool ok = !std::is_same<H, void>::value && (KIND == RED_SUM || KIND == RED_PROD);
@@ -217,29 +211,6 @@ __device__ __forceinline__ void combine_pack(const PairCombine<T, KIND> &, const
 }
 
 __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
-/* Every pointer the kernel moves data through is global memory (device,
- * or mapped host memory): said so, the loads and stores skip the generic
- * address check. They are volatile to the compiler, so that the loads of
- * a pack group are issued together and none moves across a barrier. */
-#ifdef LOOM_CUDA_EMU
-__device__ __forceinline__ uint4 ld_pack(const uint4 *p) { return *p; }
-__device__ __forceinline__ void st_pack(uint4 *p, uint4 v) { *p = v; }
-#else
-__device__ __forceinline__ uint4 ld_pack(const uint4 *p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(__cvta_generic_to_global(p))
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_pack(uint4 *p, uint4 v) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
-}
-#endif
 
 /* Packs v, v + nthr, ... of one thread's group of U: loaded (a's and b's),
  * then combined and stored. In place (dst the same as a or b) is fine:
@@ -379,32 +350,6 @@ __device__ void reduce_any(const struct red_op &op, void *dst, void *dst2, const
 
 /* ---- FIFO handshakes (thread 0) ----------------------------------------- */
 
-#ifdef LOOM_CUDA_EMU /* the kernel's code on the CPU (emu/cuda_emu.h) */
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) { return emu_load_acquire(p); }
-__device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) { emu_store_release(p, v); }
-/* The status words the host's proxy thread shares with the kernel. */
-template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return emu_volatile_load(p); }
-template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { emu_volatile_store(p, v); }
-template <typename T> __device__ __forceinline__ void status_publish(volatile T *p, T v) { emu_volatile_publish(p, v); }
-#else
-template <typename T> __device__ __forceinline__ T status_load(const volatile T *p) { return *p; }
-template <typename T> __device__ __forceinline__ void status_store(volatile T *p, T v) { *p = v; }
-/* What this thread wrote before is visible to the host before v is. */
-template <typename T> __device__ __forceinline__ void status_publish(volatile T *p, T v) {
-  __threadfence_system();
-  *p = v;
-}
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void store_release(uint64_t *p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-#endif
-
 __device__ __forceinline__ bool aborted(const struct dev_status *st) { return status_load(&st->abort) != 0; }
 
 /* Spins until `*p` (a counter the peer advances) reaches `want`; false if
@@ -468,30 +413,6 @@ __device__ void record(struct dev_status *st, int32_t err, uint32_t lane, uint32
 
 /* ---- the kernel ---------------------------------------------------------- */
 
-#ifdef LOOM_CUDA_EMU
-#define KERNEL_PARAMS const struct dev_params &params
-#else
-/* By value in the parameter space, and addressable there (sm_70 on). */
-#define KERNEL_PARAMS const __grid_constant__ struct dev_params params
-#endif
-
-/* What a block writes into the proxy's progress word: the time, which no
- * later write repeats (a count of slots would start again with every
- * launch, and a run of small calls would look like a kernel stuck). */
-#ifdef LOOM_CUDA_EMU
-__device__ __forceinline__ uint64_t progress_stamp() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#else
-__device__ __forceinline__ uint64_t progress_stamp() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
-
 __device__ void read_scalar(struct red_op &red, const void *p) {
   /* A PreMulSum scalar in device memory is read when the work runs. */
   switch (red.dtype) {
@@ -538,7 +459,7 @@ __global__ void __launch_bounds__(DEV_THREADS) loom_kernel(KERNEL_PARAMS) {
         S.W.loaded = 0;
       }
       __syncthreads();
-      if (nthr >= 2 * sw)
+      if (PORT_NAMED_BARRIERS && nthr >= 2 * sw)
         simple_warp(S, sw, base, works, conns, plan.status);
       else
         simple_serial(S, base, works, conns, plan.status);
@@ -601,8 +522,11 @@ extern "C" int cuda_kernel_max_lanes(unsigned *lanes) {
 extern "C" int cuda_bench_reduce(const struct red_op *op, void *dst, const void *a, const void *b, uint64_t n,
                                  void *stream) {
   int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess)
+    return (int)e;
   bench_kernel<<<sms * 4, DEV_THREADS, 0, (cudaStream_t)stream>>>(*op, dst, a, b, n);
   return (int)cudaGetLastError();
 }

@@ -24,30 +24,6 @@
  * and the same for two uses of one slot only 2^32-1 uses apart. */
 __device__ __forceinline__ uint32_t ll_flag(uint64_t s) { return (uint32_t)(s % 0xFFFFFFFFull) + 1; }
 
-#ifdef LOOM_CUDA_EMU
-__device__ __forceinline__ bool ll_read(const char *line, uint32_t flag, uint64_t *v) {
-  return emu_ll_load(line, flag, v);
-}
-__device__ __forceinline__ void ll_write(char *line, uint64_t v, uint32_t flag) { emu_ll_store(line, v, flag); }
-#else
-/* One 16-byte volatile load: both halves and their flags as they were at
- * one moment (a 16-byte aligned access is single-copy atomic). */
-__device__ __forceinline__ bool ll_read(const char *line, uint32_t flag, uint64_t *v) {
-  uint32_t d0, f0, d1, f1;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-               : "l"(__cvta_generic_to_global(line))
-               : "memory");
-  *v = (uint64_t)d0 | (uint64_t)d1 << 32;
-  return f0 == flag && f1 == flag;
-}
-__device__ __forceinline__ void ll_write(char *line, uint64_t v, uint32_t flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(line)),
-               "r"((uint32_t)v), "r"(flag), "r"((uint32_t)(v >> 32)), "r"(flag)
-               : "memory");
-}
-#endif
-
 /* What a waiting thread needs to post the work's counters. */
 struct ll_ctx {
   const struct dev_work *w;

@@ -5,7 +5,7 @@
  * (`hand_wait`) and publishes them (`hand_publish`); the other threads
  * move the data (`move_piece`).
  *
- * With a warp of its own for thread 0 (`simple_warp`, every GPU block),
+ * With a warp of its own for thread 0 (`simple_warp`, every NVIDIA block),
  * the handshake of piece k+1 overlaps the data of piece k: while the data
  * warps move k, thread 0 expands k+1 and polls its counters, without ever
  * blocking on them, since k+1's data may depend on this rank's k (a tree
@@ -14,8 +14,10 @@
  * polling, publishes k, and only then waits for k+1 for good. Named
  * barriers hand the pieces over: READY (thread 0's warp arrives, the data
  * warps wait) and DONE (the data warps arrive and go on to wait at READY,
- * thread 0's warp waits). Blocks too small for two warps run the serial
- * loop (`simple_serial`), which the emulation's 1-thread blocks take.
+ * thread 0's warp waits; bar_sync and the rest are port.cuh's). Blocks
+ * too small for two warps run the serial loop (`simple_serial`), which
+ * the emulation's 1-thread blocks take, and so does every block on AMD
+ * GPUs, which have no named barriers.
  * SPDX-License-Identifier: Apache-2.0
  */
 
@@ -268,43 +270,6 @@ __device__ void move_piece(const struct piece &p, uint64_t tid, uint64_t nthr) {
     break;
   }
 }
-
-/* ---- barriers of the warp-specialised loop ---------------------------- */
-
-enum { BAR_READY = 1, BAR_DONE = 2, BAR_SYNC_WARP = 3 };
-
-#ifdef LOOM_CUDA_EMU
-__device__ __forceinline__ void bar_sync(unsigned id, unsigned n) { emu_bar_sync(id, n); }
-__device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) { emu_bar_arrive(id, n); }
-/* The sync warp's lanes wait for its lane 0 (a 1-thread "warp" has none). */
-__device__ __forceinline__ void sync_warp_sync(unsigned sw) {
-  if (sw > 1)
-    emu_bar_sync(BAR_SYNC_WARP, sw);
-}
-/* Thread 0 polling while the data threads work: here they run only when
- * it gives way. */
-__device__ __forceinline__ void poll_pause() { emu_yield(); }
-__device__ __forceinline__ void hint_bump(uint32_t *p) { __atomic_fetch_add(p, 1u, __ATOMIC_RELAXED); }
-__device__ __forceinline__ uint32_t hint_load(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-/* Threads of thread 0's group: a warp, as on a GPU, from 64 threads; one
- * thread below, so that the 7- and 32-thread runs take this loop too. */
-__device__ __forceinline__ uint32_t sync_width(uint32_t nthr) { return nthr >= 64 ? 32 : 1; }
-#else
-/* bar.sync / bar.arrive are warp-aligned: the warp reconverges first. */
-__device__ __forceinline__ void bar_sync(unsigned id, unsigned n) {
-  __syncwarp();
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) {
-  __syncwarp();
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void sync_warp_sync(unsigned) { __syncwarp(); }
-__device__ __forceinline__ void poll_pause() {}
-__device__ __forceinline__ void hint_bump(uint32_t *p) { atomicAdd(p, 1u); }
-__device__ __forceinline__ uint32_t hint_load(const uint32_t *p) { return *(const volatile uint32_t *)p; }
-__device__ __forceinline__ uint32_t sync_width(uint32_t) { return 32; }
-#endif
 
 /* ---- the loops ------------------------------------------------------------ */
 
