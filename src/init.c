@@ -200,6 +200,11 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
     shm_off |= comm->peers[r].shm_disabled;
   comm->nhosts = nhosts;
   comm->spin_ns = spin_budget(mine_oversubscribed);
+  INFO(LOG_INIT, "rank %d: %s; %s; a wait spins %llu us before it yields", comm->rank,
+       mine_oversubscribed ? "crowded (more of this host's ranks may run on its CPUs than there are of them)"
+                           : "not crowded (a CPU for each rank that may run on its CPUs)",
+       oversubscribed ? "a host of this communicator is crowded" : "no host is crowded",
+       (unsigned long long)(comm->spin_ns / 1000));
   int64_t single = param_int(P_SHM_SINGLE_COPY);
   comm->single_copy_min = single < 0 ? 65536 : (size_t)single;
   comm->single_copy_local = single < 0;

@@ -240,6 +240,7 @@ TEST(perf_all_reduce_registered, 120)
 TEST(perf_every_benchmark, 180)
 TEST(perf_loomrun_failing_rank, 60)
 TEST(perf_loomrun_bind, 120)
+TEST(perf_pinned_not_crowded, 120)
 /* The *_perf_mpi benchmarks under mpirun, here and on emulated hosts (test_mpi.c). */
 TEST(mpi_perf_localhost, 90)
 TEST(mpi_perf_verdict, 90)

@@ -144,6 +144,44 @@ TEST_IMPL(perf_loomrun_bind) {
   return 0;
 }
 
+/* The library's side of pinning: ranks pinned one per CPU are not
+ * crowded; one more makes the two that share a CPU crowded and the host
+ * crowded for all (init.c's host census, from the affinities the ranks
+ * exchange). On at most two of this process's CPUs, so that the ranks
+ * stay few; with one, m+1 = 2 ranks share it. */
+TEST_IMPL(perf_pinned_not_crowded) {
+  cpu_set_t have, use;
+  ASSERT(sched_getaffinity(0, sizeof have, &have) == 0);
+  CPU_ZERO(&use);
+  int m = 0;
+  for (int c = 0; c < CPU_SETSIZE && m < 2; c++)
+    if (CPU_ISSET(c, &have)) {
+      CPU_SET(c, &use);
+      m++;
+    }
+  ASSERT(sched_setaffinity(0, sizeof use, &use) == 0);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "INIT", 1);
+  for (int n = m; n <= m + 1; n++) {
+    char nstr[16];
+    snprintf(nstr, sizeof nstr, "%d", n);
+    char *argv[] = {LOOMRUN, "-n", nstr, "--timeout", "60", "--bind", "cpu", PERF("all_reduce_perf"), "-b", "8", "-e",
+                    "8", "-n", "2", "-w", "1", NULL};
+    int rc = harness_run_merged(argv, out, sizeof out);
+    ASSERT_MSG(rc == 0, "%d ranks pinned on %d CPUs: loomrun exited with %d:\n%s", n, m, rc, out);
+    /* m+1 ranks: rank m shares the first CPU with rank 0; the others
+     * still have a CPU each, but the host counts as crowded for all. */
+    int crowded = n == m ? 0 : 2, seen = 0, host = 0;
+    for (const char *p = out; (p = strstr(p, ": crowded (")) != NULL; p++)
+      seen++;
+    for (const char *p = out; (p = strstr(p, n == m ? "no host is crowded" : "a host of this communicator is crowded")) != NULL; p++)
+      host++;
+    ASSERT_MSG(seen == crowded && host == n, "%d ranks pinned on %d CPUs: %d crowded (want %d), %d of %d with the host's verdict:\n%s",
+               n, m, seen, crowded, host, n, out);
+  }
+  return 0;
+}
+
 /* loom-info on this host and on a fixture: what it prints is what a
  * communicator computes. */
 TEST_IMPL(tools_loom_info) {
