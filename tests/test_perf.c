@@ -115,18 +115,16 @@ TEST_IMPL(perf_loomrun_bind) {
     SKIP("this process may run on %d CPUs; the test starts k+1 ranks and checks each, up to 32", k);
   static char lists[40][64];
   int n = k + 1;
-  ASSERT(rank_cpus("cpu", n, lists) == 0);
-  for (int i = 0; i < n; i++) {
-    char want[16];
-    snprintf(want, sizeof want, "%d", cpu[i % k]);
-    ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind cpu: rank %d runs on %s, not CPU %s", i, lists[i], want);
-  }
-  ASSERT(rank_cpus("auto", n, lists) == 0);
-  for (int i = 0; i < n; i++) {
-    char want[16];
-    snprintf(want, sizeof want, "%d", cpu[i % k]);
-    ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind auto, %d ranks on %d CPUs: rank %d runs on %s", n, k, i,
-               lists[i]);
+  /* k+1 ranks: cpu and auto pin alike. */
+  static const char *const pinning[] = {"cpu", "auto"};
+  for (int b = 0; b < 2; b++) {
+    ASSERT(rank_cpus(pinning[b], n, lists) == 0);
+    for (int i = 0; i < n; i++) {
+      char want[16];
+      snprintf(want, sizeof want, "%d", cpu[i % k]);
+      ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind %s, %d ranks on %d CPUs: rank %d runs on %s, not CPU %s",
+                 pinning[b], n, k, i, lists[i], want);
+    }
   }
   /* As many ranks as CPUs, and none: every rank keeps the launcher's set. */
   char all[64];
@@ -142,6 +140,13 @@ TEST_IMPL(perf_loomrun_bind) {
   char *bad[] = {LOOMRUN, "-n", "2", "--bind", "core", "true", NULL};
   ASSERT(harness_run_merged(bad, out, sizeof out) == 1 && strstr(out, "--bind wants auto, cpu or none"));
   return 0;
+}
+
+static int occurrences(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)) != NULL; p++)
+    n++;
+  return n;
 }
 
 /* The library's side of pinning: ranks pinned one per CPU are not
@@ -171,13 +176,11 @@ TEST_IMPL(perf_pinned_not_crowded) {
     ASSERT_MSG(rc == 0, "%d ranks pinned on %d CPUs: loomrun exited with %d:\n%s", n, m, rc, out);
     /* m+1 ranks: rank m shares the first CPU with rank 0; the others
      * still have a CPU each, but the host counts as crowded for all. */
-    int crowded = n == m ? 0 : 2, seen = 0, host = 0;
-    for (const char *p = out; (p = strstr(p, ": crowded (")) != NULL; p++)
-      seen++;
-    for (const char *p = out; (p = strstr(p, n == m ? "no host is crowded" : "a host of this communicator is crowded")) != NULL; p++)
-      host++;
-    ASSERT_MSG(seen == crowded && host == n, "%d ranks pinned on %d CPUs: %d crowded (want %d), %d of %d with the host's verdict:\n%s",
-               n, m, seen, crowded, host, n, out);
+    int crowded = n == m ? 0 : 2, seen = occurrences(out, ": crowded (");
+    int host = occurrences(out, n == m ? "no host is crowded" : "a host of this communicator is crowded");
+    ASSERT_MSG(seen == crowded && host == n,
+               "%d ranks pinned on %d CPUs: %d crowded (want %d), %d of %d with the host's verdict:\n%s", n, m, seen,
+               crowded, host, n, out);
   }
   return 0;
 }

@@ -20,6 +20,7 @@ UNIT_TEST(unit_reduce_once, 60)
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/fpconv.h"
 #include "exec/reduce.h"
 #include "test.h"
 
@@ -84,22 +85,10 @@ static uint32_t ref_encode(const struct fmt *f, double x) {
   return sign | ((lo & 1) ? hi : lo);
 }
 
-static float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 /* Every float in a sweep of the bit patterns, against ref_encode. */
 static void check_sweep(const struct fmt *f, uint32_t step) {
   for (uint64_t u = 0; u <= 0xFFFFFFFFu; u += step) {
-    float x = float_of((uint32_t)u);
+    float x = fpconv_float((uint32_t)u);
     uint32_t got = encode(f, x);
     if (isnan(x)) {
       ASSERT_MSG(isnan(f->dec(got)), "%s: NaN 0x%08x gave 0x%x", f->name, (unsigned)u, got);
@@ -208,7 +197,7 @@ TEST_IMPL(unit_dtype_half) {
     ASSERT((signbit(x) != 0) == (sign != 0));
     if (e == 31 && mant) {
       ASSERT(isnan(x));
-      ASSERT(bits_of(x) & 0x400000); /* quiet */
+      ASSERT(fpconv_bits(x) & 0x400000); /* quiet */
       ASSERT(dtype_float_to_half(x) == (h | 0x200)); /* quiet, payload kept */
       continue;
     }
@@ -246,7 +235,7 @@ TEST_IMPL(unit_dtype_bf16) {
   const struct fmt *f = &F_BF16;
   for (uint32_t h = 0; h < 65536; h++) {
     float x = dtype_bf16_to_float((uint16_t)h);
-    ASSERT(bits_of(x) == h << 16); /* widening is exact, NaN payloads too */
+    ASSERT(fpconv_bits(x) == h << 16); /* widening is exact, NaN payloads too */
     uint32_t e = (h >> 7) & 0xFF, mant = h & 0x7F;
     if (e == 255 && mant) {
       ASSERT(isnan(x));

@@ -17,14 +17,13 @@ enum flat_state { FLAT_WRITE = 0, FLAT_REDUCE = 1, FLAT_GATHER = 2, FLAT_DONE = 
  * time, so that the partial result stays in the core's cache. */
 #define FLAT_BLOCK (16u << 10)
 
-/* From COPY_STREAM_MIN on, an output that is not also the input is
- * written with streaming stores: the call has not read its lines, so they
- * are seldom in this core's cache, and reading each before writing it is
- * a third of the memory traffic of the copy, wasted. Measured faster from
- * 1 MiB on 4 and 8 ranks, the same at 256 KiB and on 2 (perf/README.md).
- * Copying the inputs into the regions so is slower: the other ranks read
- * them next, and would read them from memory. */
-static int flat_streams(const struct work *w) { return w->task->count * w->esize >= COPY_STREAM_MIN; }
+/* From COPY_STREAM_MIN on (exec_streams), an output that is not also the
+ * input is written with streaming stores: the call has not read its
+ * lines, so they are seldom in this core's cache, and reading each before
+ * writing it is a third of the memory traffic of the copy, wasted.
+ * Measured faster from 1 MiB on 4 and 8 ranks, the same at 256 KiB and on
+ * 2 (perf/README.md). Copying the inputs into the regions so is slower:
+ * the other ranks read them next, and would read them from memory. */
 
 static void copy_out(int stream, void *to, const void *from, size_t bytes) {
   if (stream)
@@ -223,7 +222,7 @@ static void reduce_slice(struct work *w, const struct shm_arena *a, const struct
   int last = a->me == a->nranks - 1 ? a->nranks - 2 : a->nranks - 1;
   uint64_t block = LOOM_MAX((uint64_t)1, FLAT_BLOCK / w->esize);
   size_t es = w->esize;
-  int stream = flat_streams(w);
+  int stream = exec_streams(w);
   for (uint64_t b = lo; b < hi; b += block) {
     uint64_t n = LOOM_MIN(block, hi - b);
     char *dst = w->dst + (off + b) * es;
@@ -253,7 +252,7 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
   round_range(w, &off, &len);
   /* In place, this round's output lines were read as it began (its input
    * copied in): ordinary stores find them in the cache. */
-  int stream = flat_streams(w) && w->src != w->dst;
+  int stream = exec_streams(w) && w->src != w->dst;
   for (int r = 0; r < a->nranks; r++) {
     slice_of(w, len, r, &lo, &hi);
     if (r != a->me && hi > lo)

@@ -140,9 +140,11 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
     /* The payload's last stop: an output this call has not read, out of
      * place (copy.h, COPY_STREAM_MIN); in place its lines were read as
      * the input and ordinary stores find them in the cache. */
-    if (!landed && w->task->count * w->esize >= COPY_STREAM_MIN && w->src != w->dst)
+    if (landed)
+      break;
+    if (exec_streams(w) && w->src != w->dst)
       copy_streaming(dst, in, bytes);
-    else if (!landed)
+    else
       memcpy(dst, in, bytes);
     break;
   case STEP_COPY_SEND:

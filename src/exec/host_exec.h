@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "exec/copy.h"
 #include "exec/sched.h"
 #include "common/coll.h"
 
@@ -76,6 +77,11 @@ static inline void exec_rewind(struct work *w) {
   w->flat.state = 0;
   w->flat.round = 0;
 }
+
+/* Whether the call is large enough that outputs it has not read go by
+ * streaming stores (copy.h, COPY_STREAM_MIN): the flat AllReduce's and
+ * the schedules' last copies into the output. */
+static inline int exec_streams(const struct work *w) { return w->task->count * w->esize >= COPY_STREAM_MIN; }
 
 /* Moves what can be moved now. *moved tells whether anything did; *done
  * whether the work has finished all its steps (net sends may still be

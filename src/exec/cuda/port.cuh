@@ -214,9 +214,6 @@ __device__ __forceinline__ void bar_arrive(unsigned id, unsigned n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 __device__ __forceinline__ void sync_warp_sync(unsigned) { __syncwarp(); }
-__device__ __forceinline__ void poll_pause() {}
-__device__ __forceinline__ void hint_bump(uint32_t *p) { atomicAdd(p, 1u); }
-__device__ __forceinline__ uint32_t hint_load(const uint32_t *p) { return *(const volatile uint32_t *)p; }
 __device__ __forceinline__ uint32_t sync_width(uint32_t) { return 32; }
 #else
 /* No named barriers: the serial loop, whose every thread meets at
@@ -225,10 +222,13 @@ __device__ __forceinline__ uint32_t sync_width(uint32_t) { return 32; }
 __device__ __forceinline__ void bar_sync(unsigned, unsigned) { __builtin_trap(); }
 __device__ __forceinline__ void bar_arrive(unsigned, unsigned) { __builtin_trap(); }
 __device__ __forceinline__ void sync_warp_sync(unsigned) { __builtin_trap(); }
+__device__ __forceinline__ uint32_t sync_width(uint32_t) { return 64; /* a wavefront */ }
+#endif
+#if !PORT_EMU
+/* Thread 0 polls while the data warps run beside it. */
 __device__ __forceinline__ void poll_pause() {}
 __device__ __forceinline__ void hint_bump(uint32_t *p) { atomicAdd(p, 1u); }
 __device__ __forceinline__ uint32_t hint_load(const uint32_t *p) { return *(const volatile uint32_t *)p; }
-__device__ __forceinline__ uint32_t sync_width(uint32_t) { return 64; /* a wavefront */ }
 #endif
 
 /* ---- LL lines (kernel_ll.cuh) ------------------------------------------------ */
