@@ -24,7 +24,7 @@
  * declares it, so both headers can be included in any order. Built for AMD
  * GPUs (HIP), it brings in HIP's runtime instead, as RCCL's header does,
  * and the streams the API takes are HIP's. */
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#if (defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)) && !defined(LOOM_NO_CUDA_HEADERS)
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 typedef hipStream_t cudaStream_t;

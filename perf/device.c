@@ -7,7 +7,7 @@
 #include <strings.h>
 
 #if LOOM_PERF_CUDA
-#include <cuda_runtime.h>
+#include "misc/gpurt.h"
 
 static int report(cudaError_t e, const char *what) {
   if (e == cudaSuccess)

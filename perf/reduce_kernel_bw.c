@@ -7,7 +7,7 @@
  * Exits 77 where there is no CUDA device.
  * SPDX-License-Identifier: Apache-2.0
  */
-#include <cuda_runtime.h>
+#include "misc/gpurt.h"
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -374,3 +374,95 @@ NCCL_API(ncclResult_t, ncclScatter, const void *sendbuff, void *recvbuff, size_t
          int root, ncclComm_t comm, cudaStream_t stream) {
   return p2p_coll(comm, VIA_SCATTER, sendbuff, recvbuff, count, datatype, root, stream, "ncclScatter");
 }
+
+/* ---- RCCL's own names (include/rccl/rccl.h) ----------------------------
+ * ROCm builds of PyTorch call ncclAllToAll and ncclAllToAllv where RCCL is
+ * the library; Loom exports them from both its libraries. */
+
+NCCL_API(ncclResult_t, ncclAllToAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream) {
+  return p2p_coll(comm, VIA_ALLTOALL, sendbuff, recvbuff, count, datatype, -1, stream, "ncclAllToAll");
+}
+
+/* The arrays (one entry per rank, counts and displacements in elements)
+ * and the buffers' extents: the receive blocks must not overlap the send
+ * blocks, and, since the check looks at the spans the blocks cover, blocks
+ * interleaved in one allocation are refused too. */
+static ncclResult_t check_alltoallv(const struct ncclComm *comm, const void *sendbuff, const size_t *scounts,
+                                    const size_t *sdispls, const void *recvbuff, const size_t *rcounts,
+                                    const size_t *rdispls, ncclDataType_t dt, const char *func) {
+  if ((int)dt < 0 || dt >= ncclNumTypes)
+    return err_set(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t (0..%d)", func, (int)dt,
+                   ncclNumTypes - 1);
+  const size_t *arrays[] = {scounts, sdispls, rcounts, rdispls};
+  const char *names[] = {"sendcounts", "sdispls", "recvcounts", "rdispls"};
+  for (int i = 0; i < 4; i++)
+    if (!arrays[i])
+      return err_set(ncclInvalidArgument, "%s: %s is NULL; it needs one entry per rank (%d)", func, names[i],
+                     comm->nranks);
+  size_t es = dtype_size(dt);
+  uintptr_t lo[2] = {UINTPTR_MAX, UINTPTR_MAX}, hi[2] = {0, 0};
+  for (int p = 0; p < comm->nranks; p++)
+    for (int side = 0; side < 2; side++) {
+      size_t c = side ? rcounts[p] : scounts[p], d = side ? rdispls[p] : sdispls[p];
+      if (c == 0)
+        continue;
+      if (c > SIZE_MAX / es || d > SIZE_MAX / es || c * es > SIZE_MAX - d * es)
+        return err_set(ncclInvalidArgument, "%s: %s[%d] = %zu at %s[%d] = %zu elements of %s overflows the address "
+                       "space", func, names[2 * side], p, c, names[2 * side + 1], p, d, dtype_name(dt));
+      const void *buf = side ? recvbuff : sendbuff;
+      if (!buf)
+        return err_set(ncclInvalidArgument, "%s: %s is NULL, and %s[%d] is %zu on rank %d", func,
+                       side ? "recvbuff" : "sendbuff", names[2 * side], p, c, comm->rank);
+      uintptr_t a = (uintptr_t)buf + d * es, b = a + c * es;
+      lo[side] = a < lo[side] ? a : lo[side];
+      hi[side] = b > hi[side] ? b : hi[side];
+    }
+  if (lo[0] < hi[0] && lo[1] < hi[1] && lo[0] < hi[1] && lo[1] < hi[0])
+    return err_set(ncclInvalidArgument, "%s: on rank %d the send blocks (%#zx..%#zx) and the receive blocks "
+                   "(%#zx..%#zx) overlap; AllToAllv has no in-place form. Nothing was sent", func, comm->rank,
+                   (size_t)lo[0], (size_t)hi[0], (size_t)lo[1], (size_t)hi[1]);
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclAllToAllv, const void *sendbuff, const size_t sendcounts[], const size_t sdispls[],
+         void *recvbuff, const size_t recvcounts[], const size_t rdispls[], ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream) {
+  const char *func = "ncclAllToAllv";
+  ncclResult_t r = comm_enter(comm, func);
+  if (r != ncclSuccess)
+    return finish(NULL, r);
+  r = comm_check(comm, func);
+  if (r == ncclSuccess)
+    r = check_alltoallv(comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, func);
+  if (r != ncclSuccess) {
+    r = finish(comm, r);
+    comm_leave(comm);
+    return r;
+  }
+  int n = comm->nranks;
+  comm_leave(comm);
+  size_t es = dtype_size(datatype);
+  struct task t = TASK(.count = 0, .dtype = datatype, .op = ncclSum, .root = -1, .via = VIA_ALLTOALLV);
+  pncclGroupStart();
+  for (int p = 0; p < n && r == ncclSuccess; p++) {
+    if (sendcounts[p]) {
+      t.coll = COLL_SEND;
+      t.peer = p;
+      t.count = sendcounts[p];
+      t.sendbuff = (const char *)sendbuff + sdispls[p] * es;
+      t.recvbuff = NULL;
+      r = call(comm, &t, stream, func);
+    }
+    if (recvcounts[p] && r == ncclSuccess) {
+      t.coll = COLL_RECV;
+      t.peer = p;
+      t.count = recvcounts[p];
+      t.sendbuff = NULL;
+      t.recvbuff = (char *)recvbuff + rdispls[p] * es;
+      r = call(comm, &t, stream, func);
+    }
+  }
+  ncclResult_t e = pncclGroupEnd();
+  return r != ncclSuccess ? r : e;
+}

@@ -44,6 +44,12 @@ static pthread_once_t banner_once = PTHREAD_ONCE_INIT;
 static void banner(void) {
   log_msg(LOG_VERSION, LOG_INIT, "Loom %s (NCCL API %d.%d.%d), transports: %s, reductions: %s", LOOM_VERSION_STRING,
           NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, TRANSPORTS_BUILT, red_isa());
+  char names[512];
+  size_t n = param_rccl_unread(names, sizeof names);
+  if (n)
+    WARN("%s set, but Loom reads no RCCL_* variable (RCCL's own features, MSCCL among them, are not in Loom): "
+         "%s ignored; the NCCL_* variables work as documented in docs/environment.md", names,
+         n == 1 ? "it is" : "they are");
 }
 
 NCCL_API(ncclResult_t, ncclGetVersion, int *version) {

@@ -32,6 +32,11 @@ set(LOOM_SOURCES
   src/init.c src/comm_config.c src/collectives.c src/group.c src/shrink.c src/comm_api.c src/comm_life.c
   src/comm_grow.c src/comm_suspend.c src/comm_rma.c src/comm_rma_net.c src/comm_mem.c src/mem_alloc.c src/device_api.c src/async.c src/enqueue.c src/plan.c
   src/call_check.c src/status.c src/status_page.c src/param_api.c)
-set(LOOM_CUDA_SOURCES src/exec/cuda/cuda_exec.c src/exec/cuda/cuda_launch.c src/exec/cuda/kernel.cu)
+# The GPU executor's host half, for CUDA and HIP alike; the kernel is
+# compiled by nvcc in the CUDA build, by HIP's clang in the HIP build
+# (cmake/Hip.cmake).
+set(LOOM_GPU_HOST_SOURCES src/exec/cuda/cuda_exec.c src/exec/cuda/cuda_launch.c)
+set(LOOM_CUDA_SOURCES ${LOOM_GPU_HOST_SOURCES} src/exec/cuda/kernel.cu)
 list(TRANSFORM LOOM_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)
+list(TRANSFORM LOOM_GPU_HOST_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)
 list(TRANSFORM LOOM_CUDA_SOURCES PREPEND ${CMAKE_SOURCE_DIR}/)

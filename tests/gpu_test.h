@@ -14,12 +14,12 @@
   TEST_IMPL(name) { SKIP("no CUDA device (this build has no CUDA toolkit)"); }
 
 #if LOOM_TEST_CUDA
-#include <cuda_runtime.h>
+#include "misc/gpurt.h" /* CUDA's runtime, or HIP's by CUDA's names */
 
-#define NEED_GPU()                   \
-  do {                               \
-    if (harness_cuda_devices() == 0) \
-      SKIP("no CUDA device");        \
+#define NEED_GPU()                          \
+  do {                                      \
+    if (harness_cuda_devices() == 0)        \
+      SKIP("no " GPURT_NAME " device");     \
   } while (0)
 
 #define CUDA_OK(call)                                                                     \

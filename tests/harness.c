@@ -364,7 +364,7 @@ void harness_net_log(const char *tag, char *pattern, size_t len) {
 }
 
 #if LOOM_TEST_CUDA
-#include <cuda_runtime.h>
+#include "misc/gpurt.h"
 
 int harness_cuda_devices(void) {
   fflush(stdout);

@@ -20,7 +20,7 @@
 
 #include "common/dtype.h"
 #if LOOM_TEST_CUDA
-#include <cuda_runtime.h>
+#include "misc/gpurt.h"
 #endif
 #include "coll_matrix.h"
 #include "harness.h"

@@ -314,7 +314,7 @@ TEST_IMPL(gpu_mem_alloc) {
   float *d = NULL;
   ASSERT_OK(ncclMemAlloc((void **)&d, N * sizeof(float)));
   struct cudaPointerAttributes a;
-  ASSERT(cudaPointerGetAttributes(&a, d) == cudaSuccess && a.type == cudaMemoryTypeDevice && a.device == 0);
+  ASSERT(cudaPointerGetAttributes(&a, d) == cudaSuccess && GPURT_MEMORY_TYPE(a) == cudaMemoryTypeDevice && a.device == 0);
   cudaIpcMemHandle_t h;
   ASSERT(cudaIpcGetMemHandle(&h, d) == cudaSuccess);
   float x[N], y[N];

@@ -21,7 +21,7 @@
 #include "test.h"
 
 #if LOOM_TEST_CUDA && defined(LOOM_VERBS_DOUBLE_PATH)
-#include <cuda_runtime.h>
+#include "misc/gpurt.h"
 
 /* A case: the settings, and the phrases the log must have. */
 struct gdr_case {

@@ -13,8 +13,8 @@ const char *coll_name(enum coll_kind coll) {
 }
 
 const char *coll_via_name(enum coll_via via) {
-  static const char *names[] = {"", "AlltoAll", "Gather", "Scatter"};
-  return (int)via >= 0 && via <= VIA_SCATTER ? names[via] : "?";
+  static const char *names[] = {"", "AlltoAll", "Gather", "Scatter", "AllToAllv"};
+  return (int)via >= 0 && via <= VIA_ALLTOALLV ? names[via] : "?";
 }
 
 void task_describe(const struct task *t, char *buf, size_t len) {

@@ -31,7 +31,7 @@ const char *coll_name(enum coll_kind coll);
 /* The collectives made of point-to-point operations, one Send and one
  * Recv per peer in one group: a task of theirs is a Send or Recv that
  * says which call it belongs to, in sentences. */
-enum coll_via { VIA_NONE = 0, VIA_ALLTOALL, VIA_GATHER, VIA_SCATTER };
+enum coll_via { VIA_NONE = 0, VIA_ALLTOALL, VIA_GATHER, VIA_SCATTER, VIA_ALLTOALLV };
 const char *coll_via_name(enum coll_via via);
 
 struct task {

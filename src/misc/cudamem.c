@@ -5,12 +5,15 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #if LOOM_HAVE_CUDA
+#include "misc/gpurt.h"
+#if !LOOM_HIP
 #include <cuda.h>
-#include <cuda_runtime.h>
+#endif
 
 __attribute__((format(printf, 2, 3))) static ncclResult_t fail(cudaError_t e, const char *fmt, ...) {
   char call[256];
@@ -20,8 +23,9 @@ __attribute__((format(printf, 2, 3))) static ncclResult_t fail(cudaError_t e, co
   va_end(ap);
   int dev = -1;
   cudaGetDevice(&dev);
-  return err_set(ncclUnhandledCudaError, "%s on device %d failed: %s (%s)", call, dev, cudaGetErrorName(e),
-                 cudaGetErrorString(e));
+  char name[sizeof call + 4];
+  return err_set(ncclUnhandledCudaError, "%s on device %d failed: %s (%s)", gpurt_call(call, name, sizeof name), dev,
+                 cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 int cuda_pick_device(void) {
@@ -32,7 +36,7 @@ int cuda_pick_device(void) {
   if (e != cudaSuccess || n == 0) {
     /* No driver or no GPU is the normal state of a CPU host. */
     cudaGetLastError();
-    INFO(LOG_INIT, "no CUDA device (%s): making a host communicator", e == cudaSuccess ? "none visible"
+    INFO(LOG_INIT, "no " GPURT_NAME " device (%s): making a host communicator", e == cudaSuccess ? "none visible"
                                                                                        : cudaGetErrorString(e));
     return -1;
   }
@@ -344,10 +348,18 @@ static int dev_attr(int dev, enum cudaDeviceAttr attr, int *v) {
   return 0;
 }
 
+#if LOOM_HIP
+/* HIP has no attribute saying whether a NIC may reach the device's memory
+ * (RCCL asks the kernel for amdgpu's peer-memory module instead): an AMD
+ * device counts as not supporting it, and the network stages its data
+ * through host memory, which net_gdr says at init. */
+int cuda_gdr_supported(int dev) { return 0; }
+#else
 int cuda_gdr_supported(int dev) {
   int v;
   return dev_attr(dev, cudaDevAttrGPUDirectRDMASupported, &v) ? v : 0;
 }
+#endif
 
 int cuda_compute_capability(int dev) {
   int major, minor;
@@ -357,6 +369,18 @@ int cuda_compute_capability(int dev) {
   return major * 10 + minor;
 }
 
+#if LOOM_HIP
+/* HIP 5.2 cannot export device memory as a dma-buf (ROCm 6 added
+ * hipMemGetHandleForAddressRange; not used yet): the network stages. */
+int cuda_dmabuf_supported(int dev, char *why, size_t len) {
+  snprintf(why, len, "Loom's HIP build cannot export AMD GPU memory as a dma-buf");
+  return 0;
+}
+
+ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd) {
+  return err_set(ncclInternalError, "Loom's HIP build cannot export AMD GPU memory as a dma-buf");
+}
+#else
 /* The driver API entries dma-buf needs, from the driver the runtime has
  * loaded: the library never links libcuda itself. */
 typedef CUresult (*cu_device_get_fn)(CUdevice *dev, int ordinal);
@@ -415,20 +439,27 @@ ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd) {
   return ncclSuccess;
 }
 
+#endif
+
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name) {
   struct cudaPointerAttributes a;
   cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+  /* HIP before 6.0 answers ordinary host memory with an error, CUDA with
+   * a type. */
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return err_set(ncclInvalidArgument, "%s: %s %p is not memory CUDA knows (%s); a CUDA communicator needs device "
-                   "memory", func, name, ptr, cudaGetErrorString(e));
+    return err_set(ncclInvalidArgument, "%s: %s %p is not memory " GPURT_NAME " knows (%s); a " GPURT_NAME
+                   " communicator needs device memory (or host memory registered with " GPURT_PREFIX "HostRegister), or use "
+                   "a host communicator (LOOM_DEVICE=host)", func, name, ptr, cudaGetErrorString(e));
   }
+#if !LOOM_HIP
   if (a.type == cudaMemoryTypeUnregistered)
     return err_set(ncclInvalidArgument,
                    "%s: %s %p is ordinary host memory; a CUDA communicator needs device memory (or host memory "
                    "registered with cudaHostRegister), or use a host communicator (LOOM_DEVICE=host)",
                    func, name, ptr);
-  if (a.type == cudaMemoryTypeDevice && a.device != dev && !cuda_can_access_peer(dev, a.device))
+#endif
+  if (GPURT_MEMORY_TYPE(a) == cudaMemoryTypeDevice && a.device != dev && !cuda_can_access_peer(dev, a.device))
     return err_set(ncclInvalidArgument, "%s: %s %p is memory of device %d, which device %d (the communicator's) "
                    "cannot reach", func, name, ptr, a.device, dev);
   (void)bytes;

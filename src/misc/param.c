@@ -2,6 +2,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,4 +114,24 @@ ncclResult_t param_check_all(void) {
   if (!log_env_valid(why, sizeof why))
     return err_set(ncclInvalidArgument, "%s", why);
   return ncclSuccess;
+}
+
+extern char **environ;
+
+size_t param_rccl_unread(char *buf, size_t len) {
+  size_t n = 0, at = 0;
+  if (len)
+    buf[0] = '\0';
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "RCCL_", 5) != 0)
+      continue;
+    size_t name = strcspn(*e, "=");
+    if (len && at + name + 3 < len) {
+      at += (size_t)snprintf(buf + at, len - at, "%s%.*s", n ? ", " : "", (int)name, *e);
+    } else if (len && at + 4 < len && !strstr(buf, "...")) {
+      at += (size_t)snprintf(buf + at, len - at, "...");
+    }
+    n++;
+  }
+  return n;
 }

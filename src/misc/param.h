@@ -46,4 +46,10 @@ int param_find(const char *name);
  * ncclInvalidArgument with a sentence naming the first bad one. */
 ncclResult_t param_check_all(void);
 
+/* RCCL's own variables (RCCL_*) that are set: a ROCm job swapping Loom in
+ * for RCCL may carry them, and Loom reads none of them (the NCCL_* ones
+ * RCCL shares with NCCL it reads as NCCL does). Their names, comma
+ * separated, go into buf; returns how many are set. */
+size_t param_rccl_unread(char *buf, size_t len);
+
 #endif

@@ -10,10 +10,10 @@
 
 #include "core.h"
 #include "exec/cuda/dev.h"
+#include "misc/gpurt.h"
 #include "transport/slot_hdr.h"
 #include "transport/transport.h"
 
-#include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -124,7 +124,9 @@ struct cuda_comm {
 };
 
 static inline ncclResult_t cuda_fail(cudaError_t e, const char *what) {
-  return err_set(ncclUnhandledCudaError, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  char name[160];
+  return err_set(ncclUnhandledCudaError, "%s failed: %s (%s)", gpurt_call(what, name, sizeof name),
+                 cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 #define CUDA_TRY(call, what)            \

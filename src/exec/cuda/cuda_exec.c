@@ -25,7 +25,6 @@
 #include "misc/utils.h"
 #include "transport/transport.h"
 
-#include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

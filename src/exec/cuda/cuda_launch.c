@@ -407,6 +407,16 @@ void cuda_graph_plans_free(void) {
  * Allocating and copying are not allowed on a capturing thread in the
  * default capture mode: this thread is relaxed for them, and the copy
  * runs on a stream of its own, outside the capture. */
+#if !GPURT_USER_OBJECTS
+static ncclResult_t graph_plan(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
+  return err_set(ncclInvalidUsage, "rank %d: a captured launch's plan (%zu bytes) is too big for the kernel's "
+                 "parameters and must live as long as the graph, which needs graph user objects: this HIP (%d.%d) has "
+                 "none (5.3 added them). Capture fewer calls per group, or build Loom against HIP 5.3 or later",
+                 comm->rank, b->size, HIP_VERSION_MAJOR, HIP_VERSION_MINOR);
+  (void)graph_plan_release;
+  (void)s;
+}
+#else
 static ncclResult_t graph_plan(struct ncclComm *comm, struct batch *b, cudaStream_t s) {
   enum cudaStreamCaptureStatus cs;
   cudaGraph_t graph = NULL;
@@ -454,6 +464,7 @@ static ncclResult_t graph_plan(struct ncclComm *comm, struct batch *b, cudaStrea
         g->dev);
   return ncclSuccess;
 }
+#endif
 
 /* A launch inside a stream capture: the graph records the kernel and its
  * parameters, nothing else. No event is recorded for the proxy: a replay

@@ -36,15 +36,10 @@
 #if PORT_HIP
 #include <hip/hip_runtime.h>
 #include "common/fpconv.h"
-/* The runtime calls of kernel.cu's launch functions, by their HIP names
- * (HIP's are CUDA's, renamed; nccl.h makes cudaStream_t HIP's stream). */
-typedef hipError_t cudaError_t;
-#define cudaSuccess hipSuccess
-#define cudaGetLastError hipGetLastError
-#define cudaGetDevice hipGetDevice
-#define cudaDeviceGetAttribute hipDeviceGetAttribute
-#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
-#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
+#ifndef LOOM_HIP
+#define LOOM_HIP 1 /* HIP's compiler: gpurt.h maps to HIP's runtime */
+#endif
+#include "misc/gpurt.h" /* kernel.cu's launch functions call the runtime by CUDA's names */
 #elif PORT_CUDA
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
