@@ -36,6 +36,14 @@ static ncclResult_t resolve_op(struct ncclComm *comm, struct task *t, const char
   r->dtype = t->dtype;
   if (!is_reduction(t->coll))
     return ncclSuccess;
+  /* Types 10 and 11 are OCP's fp8 in NCCL and in Loom's reductions, but
+   * FNUZ's where RCCL runs on MI300: reducing them there in OCP's encoding
+   * would hand a ROCm program the wrong numbers. Moving them is fine. */
+  if (!comm->is_host && (t->dtype == ncclFloat8e4m3 || t->dtype == ncclFloat8e5m2) && cuda_fp8_fnuz(comm->cuda_dev))
+    return err_set(ncclInvalidArgument, "%s: %s reductions on this GPU: RCCL reads datatypes 10 and 11 as the FNUZ "
+                   "fp8 encodings of AMD's gfx940-942 (MI300), while Loom's reductions compute NCCL's OCP ones; "
+                   "refused rather than reduced in another encoding (AllGather, Broadcast, Send and Recv move "
+                   "them unchanged)", func, dtype_name(t->dtype));
   int op = t->op;
   if (op >= 0 && op < ncclAvg) {
     r->kind = op; /* ncclSum..ncclMin match red_kind */
@@ -465,4 +473,26 @@ NCCL_API(ncclResult_t, ncclAllToAllv, const void *sendbuff, const size_t sendcou
   }
   ncclResult_t e = pncclGroupEnd();
   return r != ncclSuccess ? r : e;
+}
+
+/* RCCL's MSCCL entry points, which its header still declares: Loom has no
+ * MSCCL, so a program that asks for an algorithm file is told so (RCCL
+ * itself now keeps them as no-ops; a no-op that returns success would
+ * leave mscclRunAlgo's output unwritten). */
+NCCL_API(ncclResult_t, mscclLoadAlgo, const char *mscclAlgoFilePath, int *mscclAlgoHandle, int rank) {
+  return api_finish(NULL, err_set(ncclInvalidUsage, "mscclLoadAlgo(\"%s\", rank %d): Loom has no MSCCL; its "
+                                  "collectives choose their own algorithms (NCCL_ALGO)",
+                                  mscclAlgoFilePath ? mscclAlgoFilePath : "(null)", rank));
+}
+
+NCCL_API(ncclResult_t, mscclRunAlgo, const void *sendBuff, const size_t sendCounts[], const size_t sDisPls[],
+         void *recvBuff, const size_t recvCounts[], const size_t rDisPls[], size_t count, ncclDataType_t dataType,
+         int root, int peer, ncclRedOp_t op, int mscclAlgoHandle, ncclComm_t comm, cudaStream_t stream) {
+  return api_finish(NULL, err_set(ncclInvalidUsage, "mscclRunAlgo: Loom has no MSCCL, and no algorithm %d was "
+                                  "loaded; nothing was run", mscclAlgoHandle));
+}
+
+NCCL_API(ncclResult_t, mscclUnloadAlgo, int mscclAlgoHandle) {
+  return api_finish(NULL, err_set(ncclInvalidUsage, "mscclUnloadAlgo: Loom has no MSCCL, and no algorithm %d was "
+                                  "loaded", mscclAlgoHandle));
 }

@@ -13,6 +13,7 @@ TEST(rccl_alltoallv_shm_3, 120)
 TEST(rccl_alltoallv_socket_4, 120)
 TEST(rccl_alltoallv_refused, 60)
 TEST(rccl_alltoallv_mismatch, 60)
+TEST(rccl_msccl_refused, 30)
 TEST(rccl_header, 120)
 TEST(rccl_library, 60)
  * SPDX-License-Identifier: Apache-2.0
@@ -36,6 +37,12 @@ ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count, nc
 ncclResult_t ncclAllToAllv(const void *sendbuff, const size_t sendcounts[], const size_t sdispls[], void *recvbuff,
                            const size_t recvcounts[], const size_t rdispls[], ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t mscclLoadAlgo(const char *mscclAlgoFilePath, int *mscclAlgoHandle, int rank);
+ncclResult_t mscclRunAlgo(const void *sendBuff, const size_t sendCounts[], const size_t sDisPls[], void *recvBuff,
+                          const size_t recvCounts[], const size_t rDisPls[], size_t count, ncclDataType_t dataType,
+                          int root, int peer, ncclRedOp_t op, int mscclAlgoHandle, ncclComm_t comm,
+                          cudaStream_t stream);
+ncclResult_t mscclUnloadAlgo(int mscclAlgoHandle);
 
 /* Element i of what rank `from` sends rank `to`. */
 static int32_t value(int from, int to, size_t i) { return (int32_t)(from * 1000003 + to * 7919 + (int)(i % 65521)); }
@@ -208,6 +215,22 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
 
 TEST_IMPL(rccl_alltoallv_mismatch) { return run_ranks(2, mismatch_rank, NULL); }
 
+/* RCCL's MSCCL entry points: there for programs that link them, each
+ * refusing with a sentence rather than doing nothing and succeeding. */
+TEST_IMPL(rccl_msccl_refused) {
+  int h = 7;
+  float x = 1, y = 0;
+  size_t one = 1, zero = 0;
+  ASSERT(mscclLoadAlgo("/tmp/allreduce.xml", &h, 0) == ncclInvalidUsage);
+  ASSERT_MSG(strstr(ncclGetLastError(NULL), "no MSCCL") != NULL, "%s", ncclGetLastError(NULL));
+  ASSERT(mscclRunAlgo(&x, &one, &zero, &y, &one, &zero, 1, ncclFloat, 0, 0, ncclSum, h, NULL, NULL) ==
+         ncclInvalidUsage);
+  ASSERT_MSG(strstr(ncclGetLastError(NULL), "nothing was run") != NULL, "%s", ncclGetLastError(NULL));
+  ASSERT(y == 0);
+  ASSERT(mscclUnloadAlgo(h) == ncclInvalidUsage);
+  return 0;
+}
+
 /* ---- the header and the library ---- */
 
 static char out[1 << 16];
@@ -240,10 +263,13 @@ TEST_IMPL(rccl_header) {
   FILE *f = fopen(src, "w");
   ASSERT(f != NULL);
   fputs("#include <rccl/rccl.h>\n"
-        "#if !RCCL_ALLTOALLV || !defined(NCCL_STREAM_IS_HIP)\n#error not RCCL's header with HIP's streams\n#endif\n"
+        "#if !RCCL_ALLTOALLV || !defined(NCCL_STREAM_IS_HIP)\n#error not the RCCL header with HIP streams\n#endif\n"
+        "#ifdef RCCL_FLOAT8\n#error RCCL fp8 types are FNUZ on MI300, which Loom does not reduce\n#endif\n"
         "int use(ncclComm_t c, hipStream_t s, const size_t *n) {\n"
         "  ncclResult_t (*a)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, hipStream_t) = ncclAllToAll;\n"
+        "  mscclAlgoHandle_t h = 0;\n"
         "  (void)a;\n"
+        "  (void)mscclUnloadAlgo(h);\n"
         "  return (int)ncclAllToAllv(0, n, n, 0, n, n, ncclFloat, c, s) + (int)ncclAllReduce(0, 0, 0, ncclFloat,\n"
         "      ncclSum, c, s);\n}\n",
         f);
@@ -266,7 +292,7 @@ TEST_IMPL(rccl_library) {
 #if LOOM_TEST_HIP
   void *lib = dlopen(LOOM_BUILD_DIR "/librccl.so.1", RTLD_NOW | RTLD_LOCAL);
   ASSERT_MSG(lib != NULL, "dlopen: %s", dlerror());
-  static const char *names[] = {"ncclAllToAll", "ncclAllToAllv", "ncclAlltoAll", "ncclGather", "ncclScatter",
+  static const char *names[] = {"ncclAllToAll", "ncclAllToAllv", "mscclRunAlgo", "ncclAlltoAll", "ncclGather", "ncclScatter",
                                 "ncclAllReduce", "ncclCommInitRankConfig", "ncclGetLastError", "pncclAllToAllv"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     ASSERT_MSG(dlsym(lib, names[i]) != NULL, "librccl.so.1 does not export %s", names[i]);

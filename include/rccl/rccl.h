@@ -19,7 +19,11 @@
 #endif
 #include "../nccl.h"
 
-/* What RCCL's header announces that it has, and Loom has too. */
+/* What RCCL's header announces that it has, and Loom has too. Not
+ * RCCL_FLOAT8: RCCL's ncclFp8E4M3 and ncclFp8E5M2 (datatypes 10 and 11)
+ * are the FNUZ encodings on MI300, where Loom's reductions compute NCCL's
+ * OCP ones (ncclFloat8e4m3, ncclFloat8e5m2), and there Loom refuses to
+ * reduce them. */
 #define RCCL_BFLOAT16 1
 #define RCCL_GATHER_SCATTER 1
 #define RCCL_ALLTOALLV 1
@@ -45,6 +49,16 @@ ncclResult_t ncclAllToAllv(const void *sendbuff, const size_t sendcounts[], cons
 ncclResult_t pncclAllToAllv(const void *sendbuff, const size_t sendcounts[], const size_t sdispls[], void *recvbuff,
                             const size_t recvcounts[], const size_t rdispls[], ncclDataType_t datatype,
                             ncclComm_t comm, cudaStream_t stream);
+
+/* RCCL's MSCCL entry points, for programs that link them: Loom has no
+ * MSCCL, and each returns ncclInvalidUsage with a sentence. */
+typedef int mscclAlgoHandle_t;
+ncclResult_t mscclLoadAlgo(const char *mscclAlgoFilePath, mscclAlgoHandle_t *mscclAlgoHandle, int rank);
+ncclResult_t mscclRunAlgo(const void *sendBuff, const size_t sendCounts[], const size_t sDisPls[], void *recvBuff,
+                          const size_t recvCounts[], const size_t rDisPls[], size_t count, ncclDataType_t dataType,
+                          int root, int peer, ncclRedOp_t op, mscclAlgoHandle_t mscclAlgoHandle, ncclComm_t comm,
+                          cudaStream_t stream);
+ncclResult_t mscclUnloadAlgo(mscclAlgoHandle_t mscclAlgoHandle);
 
 #ifdef __cplusplus
 }

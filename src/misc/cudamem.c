@@ -4,10 +4,19 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+int gpu_arch_fp8_fnuz(const char *arch) {
+  static const char *fnuz[] = {"gfx940", "gfx941", "gfx942"};
+  for (size_t i = 0; arch && i < sizeof fnuz / sizeof fnuz[0]; i++)
+    if (strncmp(arch, fnuz[i], 6) == 0 && (arch[6] == '\0' || arch[6] == ':'))
+      return 1;
+  return 0;
+}
 
 #if LOOM_HAVE_CUDA
 #include "misc/gpurt.h"
@@ -476,7 +485,26 @@ ncclResult_t cuda_host_func(void *stream, void (*fn)(void *), void *arg, const c
   return e == cudaSuccess ? ncclSuccess : fail(e, "cudaLaunchHostFunc (%s)", what);
 }
 
+#if LOOM_HIP
+/* Asked once per device: the properties take a while. */
+int cuda_fp8_fnuz(int dev) {
+  static _Atomic int known[AUX_DEVICES]; /* 0 unknown, 1 OCP, 2 FNUZ */
+  if (dev < 0 || dev >= AUX_DEVICES)
+    return 0;
+  int k = known[dev];
+  if (!k) {
+    hipDeviceProp_t p;
+    k = hipGetDeviceProperties(&p, dev) == hipSuccess && gpu_arch_fp8_fnuz(p.gcnArchName) ? 2 : 1;
+    known[dev] = k;
+  }
+  return k == 2;
+}
+#else
+int cuda_fp8_fnuz(int dev) { return 0; }
+#endif
+
 #else /* host-only build */
+int cuda_fp8_fnuz(int dev) { return 0; }
 
 static ncclResult_t none(const char *what) {
   return err_set(ncclInternalError, "%s: this build of Loom has no CUDA", what);

@@ -112,6 +112,13 @@ int cuda_dmabuf_supported(int dev, char *why, size_t len);
  * host-page aligned); the caller closes it once registered. */
 ncclResult_t cuda_dmabuf_fd(void *ptr, size_t size, int *fd);
 
+/* Whether the device reads fp8 as the FNUZ encodings (AMD's gfx940-942,
+ * MI300: RCCL's ncclFp8E4M3/E5M2 there), not the OCP ones NCCL defines
+ * and Loom's reductions compute; 0 on NVIDIA and in builds without HIP.
+ * gpu_arch_fp8_fnuz answers for an architecture name ("gfx942:sramecc+"). */
+int cuda_fp8_fnuz(int dev);
+int gpu_arch_fp8_fnuz(const char *arch);
+
 /* Whether `ptr` .. ptr+bytes is memory the current device can use in a
  * kernel (device, managed, or mapped host memory); the sentence if not. */
 ncclResult_t cuda_check_pointer(const void *ptr, size_t bytes, int dev, const char *func, const char *name);

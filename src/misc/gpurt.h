@@ -3,9 +3,11 @@
  * executor, the GPU tests) calls the CUDA runtime; built for AMD GPUs
  * (LOOM_HIP) the same code calls HIP's, which is CUDA's API renamed, so
  * this file maps each name Loom uses to HIP's and nothing else changes.
- * What HIP has under another shape (pointer attributes, driver entry
- * points, device attributes it lacks) is spelled out where it is used,
- * under #if LOOM_HIP, and what it lacks fails there with a sentence.
+ * What HIP has under another shape is spelled out here (CUDA 12's graph
+ * instantiation, host functions, a pointer's memory type) or, where only
+ * one place needs it, there under #if LOOM_HIP (driver entry points,
+ * device attributes HIP lacks), and what HIP lacks fails there with a
+ * sentence.
  * Names are added here as code starts to use them: a CUDA name missing
  * from the list fails the HIP build (CI builds it), not a run.
  * SPDX-License-Identifier: Apache-2.0
