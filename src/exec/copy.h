@@ -13,8 +13,9 @@
 
 /* Calls of at least this many bytes (a rank's count) write the outputs
  * they have not read with copy_streaming: the flat AllReduce's gathers
- * and writes into windows (flat.c) and the host executor's last copy of
- * a received payload into the output (host_exec.c; exec_streams).
+ * and writes into windows (flat.c), the host executor's last copy of a
+ * received payload into the output and the ring's final reduction
+ * (host_exec.c; exec_streams).
  * Measured: 4 and 8 ranks' flat 1 MiB and 2 ranks' rings from 1 MiB
  * faster; in place, or below it, no gain (perf/README.md). */
 #define COPY_STREAM_MIN ((uint64_t)1 << 20)

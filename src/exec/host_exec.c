@@ -169,7 +169,7 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
     /* A final result out of place: the output's lines are not read
      * again, so they are written from the slot, where the reduction
      * leaves the piece in this core's cache, with streaming stores rather
-     * than alongside it with ordinary ones (2 ranks, 1-64 MiB: 4-12% less
+     * than alongside it with ordinary ones (2 ranks, 1-64 MiB: 7-11% less
      * time per call, perf/README.md). */
     if (!ref && final && exec_streams(w) && w->src != w->dst) {
       red_reduce(op, out, NULL, in, src, n, final);
