@@ -252,7 +252,7 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
   round_range(w, &off, &len);
   /* In place, this round's output lines were read as it began (its input
    * copied in): ordinary stores find them in the cache. */
-  int stream = exec_streams(w) && w->src != w->dst;
+  int stream = exec_streams_out(w);
   for (int r = 0; r < a->nranks; r++) {
     slice_of(w, len, r, &lo, &hi);
     if (r != a->me && hi > lo)

@@ -142,7 +142,7 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
      * the input and ordinary stores find them in the cache. */
     if (landed)
       break;
-    if (exec_streams(w) && w->src != w->dst)
+    if (exec_streams_out(w))
       copy_streaming(dst, in, bytes);
     else
       memcpy(dst, in, bytes);
@@ -171,7 +171,7 @@ static ncclResult_t piece(struct work *w, const struct step *st, int *moved) {
      * leaves the piece in this core's cache, with streaming stores rather
      * than alongside it with ordinary ones (2 ranks, 1-64 MiB: 7-11% less
      * time per call, perf/README.md). */
-    if (!ref && final && exec_streams(w) && w->src != w->dst) {
+    if (!ref && final && exec_streams_out(w)) {
       red_reduce(op, out, NULL, in, src, n, final);
       copy_streaming(dst, out, bytes);
     } else {

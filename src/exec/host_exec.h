@@ -80,8 +80,14 @@ static inline void exec_rewind(struct work *w) {
 
 /* Whether the call is large enough that outputs it has not read go by
  * streaming stores (copy.h, COPY_STREAM_MIN): the flat AllReduce's and
- * the schedules' last copies into the output. */
+ * the schedules' last copies into the output, and the ring's final
+ * reduction. */
 static inline int exec_streams(const struct work *w) { return w->task->count * w->esize >= COPY_STREAM_MIN; }
+
+/* Whether the output of such a call is written by streaming stores where
+ * it is written last: out of place only, since in place its lines were
+ * read as the input and ordinary stores find them in the cache. */
+static inline int exec_streams_out(const struct work *w) { return exec_streams(w) && w->src != w->dst; }
 
 /* Moves what can be moved now. *moved tells whether anything did; *done
  * whether the work has finished all its steps (net sends may still be
