@@ -8,8 +8,9 @@
  * it left unfinished with the usual sentence; the handshake files sockets
  * under the right connection whatever order they come in, and drops
  * strangers; a connector whose socket a listener closed unread dials
- * again; a reset after the last send is found by probe; closing joins
- * the helper threads and closes every descriptor.
+ * again; a reset after the last send is found by probe; both directions
+ * share one socket where asked (duplex); closing joins the helper threads
+ * and closes every descriptor.
  */
 #include <dirent.h>
 #include <netinet/in.h>
@@ -18,6 +19,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -544,6 +546,99 @@ static void dial_again(void) {
   ASSERT_OK(P->close_send(s));
 }
 
+/* The fd of a socket comm, for the checks of which socket it uses. */
+static int comm_fd(void *comm) { return ((struct sock_comm *)comm)->fd; }
+
+/* Both directions on one socket (duplex): the connector's receive comm
+ * and the listener's send comm take the other direction of a connection.
+ * Messages of every size cross both ways at once, the largest more than
+ * the kernel's buffers hold, and arrive whole; a side's two comms use one
+ * socket; closing a send comm ends its direction for the peer's receive,
+ * with the usual sentence, while the other direction goes on; a
+ * connection with data sockets is not shared. */
+static void duplex(void) {
+  set_shape(0, 1, 65536);
+  void *s, *r, *back_r = NULL, *back_s = NULL;
+  pair(&s, &r);
+  ASSERT_OK(P->duplex(s, &back_r));
+  ASSERT_OK(P->duplex(r, &back_s));
+  ASSERT(back_r && back_s);
+  struct stat a, b;
+  ASSERT(fstat(comm_fd(s), &a) == 0 && fstat(comm_fd(back_r), &b) == 0);
+  ASSERT_MSG(a.st_ino == b.st_ino && a.st_dev == b.st_dev, "the connector's two comms are on different sockets");
+  ASSERT(fstat(comm_fd(r), &a) == 0 && fstat(comm_fd(back_s), &b) == 0);
+  ASSERT_MSG(a.st_ino == b.st_ino && a.st_dev == b.st_dev, "the listener's two comms are on different sockets");
+
+  static const size_t sizes[] = {0, 1, 8, 4095, 16384, 16385, 65537, 1 << 20, 24 << 20};
+  enum { N = sizeof sizes / sizeof sizes[0], SLACK = 16 };
+  for (int i = 0; i < N; i++) {
+    size_t n = sizes[i];
+    unsigned char *out = malloc(n + 1), *back = malloc(n + 1), *in = malloc(n + SLACK), *in_back = malloc(n + SLACK);
+    ASSERT(out && back && in && in_back);
+    fill(out, n, 11u + (unsigned)i);
+    fill(back, n, 500u + (unsigned)i);
+    memset(in, 0xee, n + SLACK);
+    memset(in_back, 0xee, n + SLACK);
+    void *req[4];
+    ASSERT_OK(P->irecv(r, in, n + SLACK, NULL, &req[0]));
+    ASSERT_OK(P->irecv(back_r, in_back, n + SLACK, NULL, &req[1]));
+    ASSERT_OK(P->isend(s, out, n, NULL, &req[2]));
+    ASSERT_OK(P->isend(back_s, back, n, NULL, &req[3]));
+    int done[4] = {0}, left = 4;
+    size_t got[4] = {0};
+    for (uint64_t until = time_ns() + 30000000000ull; left > 0;) {
+      ASSERT_MSG(time_ns() < until, "%zu bytes each way: %d of the 4 requests still unfinished after 30 s", n, left);
+      for (int k = 0; k < 4; k++)
+        if (!done[k]) {
+          ASSERT_MSG(P->test(req[k], &done[k], &got[k]) == ncclSuccess, "%zu bytes each way: %s", n,
+                     err_thread_last());
+          left -= done[k];
+        }
+    }
+    ASSERT_MSG(got[0] == n && got[1] == n, "%zu bytes each way: %zu and %zu received", n, got[0], got[1]);
+    ASSERT_MSG(memcmp(in, out, n) == 0, "%zu bytes: the connector's message arrived changed", n);
+    ASSERT_MSG(memcmp(in_back, back, n) == 0, "%zu bytes: the listener's message arrived changed", n);
+    for (size_t k = n; k < n + SLACK; k++)
+      ASSERT_MSG(in[k] == 0xee && in_back[k] == 0xee, "%zu bytes: a receive wrote past its end", n);
+    free(out);
+    free(back);
+    free(in);
+    free(in_back);
+  }
+
+  /* The connector's send ends; its receive still takes what comes back. */
+  char buf[64] = {0}, dst[64];
+  void *req, *breq;
+  ASSERT_OK(P->irecv(r, dst, sizeof dst, NULL, &req));
+  ASSERT_OK(P->close_send(s));
+  ncclResult_t e = ncclSuccess;
+  int done = 0;
+  for (uint64_t until = time_ns() + 10000000000ull; e == ncclSuccess && !done && time_ns() < until;)
+    e = P->test(req, &done, NULL);
+  ASSERT_MSG(e == ncclRemoteError && strstr(err_thread_last(), "was closed by the peer"),
+             "a receive after the peer closed its send comm: %d: %s", (int)e, err_thread_last());
+  memcpy(buf, "still here", 11);
+  ASSERT_OK(P->irecv(back_r, dst, sizeof dst, NULL, &req));
+  ASSERT_OK(P->isend(back_s, buf, sizeof buf, NULL, &breq));
+  wait_two(breq, NULL, req, NULL);
+  ASSERT_MSG(strcmp(dst, "still here") == 0, "the other direction stopped with the first");
+  ASSERT_OK(P->close_recv(r));
+  ASSERT_OK(P->close_send(back_s));
+  ASSERT_OK(P->close_recv(back_r));
+
+  /* Data sockets: each direction connects on its own. */
+  set_shape(1, 1, 16384);
+  pair(&s, &r);
+  void *other = s;
+  ASSERT_OK(P->duplex(s, &other));
+  ASSERT_MSG(other == NULL, "a connection with data sockets was shared");
+  other = r;
+  ASSERT_OK(P->duplex(r, &other));
+  ASSERT_MSG(other == NULL, "a connection with data sockets was shared");
+  ASSERT_OK(P->close_send(s));
+  ASSERT_OK(P->close_recv(r));
+}
+
 TEST_IMPL(unit_net_socket) {
   setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   setenv("NCCL_DEBUG", "WARN", 1);
@@ -574,6 +669,7 @@ TEST_IMPL(unit_net_socket) {
   dial_again();
   probe_after_send(1);
   probe_after_send(0);
+  duplex();
   ASSERT_MSG(count_entries("/proc/self/fd") == fds, "%d descriptors open, %d before",
              count_entries("/proc/self/fd"), fds);
   ASSERT_MSG(count_entries("/proc/self/task") == threads, "%d threads, %d before",

@@ -37,7 +37,7 @@ static int missing_ops(const struct transport *t) {
 
 #define PLUGIN_OPS(X)                                                                                        \
   X(init) X(devices) X(get_properties) X(listen) X(connect) X(accept) X(reg_mr) X(reg_mr_dmabuf) X(dereg_mr) \
-  X(isend) X(irecv) X(test) X(iflush) X(activity) X(poll_fds) X(probe) X(close_send) X(close_recv) X(close_listen)
+  X(isend) X(irecv) X(test) X(iflush) X(activity) X(poll_fds) X(probe) X(duplex) X(close_send) X(close_recv) X(close_listen)
 
 static int missing_plugin_ops(const struct net_plugin *t) {
   int missing = 0;

@@ -16,6 +16,10 @@
  * tell each other in their connection info. Receives the NIC wrote into
  * device memory are flushed (the plugin's iflush) before the tail tells
  * the kernel.
+ *
+ * A send and a receive connection with the same peer set up together may
+ * share one plugin connection (duplex_join): each side's data then
+ * carries the acknowledgements of the other's.
  * SPDX-License-Identifier: Apache-2.0
  */
 #include "core.h"
@@ -48,6 +52,7 @@ struct net_ctrl {
 struct net_info {
   char handle[NET_HANDLE_MAXSIZE];
   uint32_t split;
+  uint32_t duplex; /* this side would share the wire with its sibling (net_sibling) */
 };
 _Static_assert(sizeof(struct net_info) <= CONN_INFO_BYTES, "net connection info too large");
 
@@ -71,6 +76,8 @@ struct net_priv {
   int gdr;        /* enum gdr_mode: the slots are in device memory */
   int flush;      /* receive with GDR: flush each payload before the kernel reads it */
   int split;      /* header and payload travel apart (either side asked) */
+  int duplex;     /* this side's wish to share its sibling's wire; the peer's joins it at connect */
+  int joined;     /* comm is the other direction of the sibling's (duplex_join) */
   char *slots;    /* slot 0: in mem, or in dmem */
   char *hdrs;     /* with GDR: the headers, in mem; else NULL (headers open each slot) */
   struct gdr_mem dmem;
@@ -127,6 +134,10 @@ ncclResult_t net_no_iflush(void *recv_comm, void *data, size_t size, void *mhand
 uint64_t net_no_activity(void *comm) { return 0; }
 int net_no_poll_fds(void *comm, struct pollfd *fds, int max) { return -1; }
 ncclResult_t net_no_probe(void *comm) { return ncclSuccess; }
+ncclResult_t net_no_duplex(void *comm, void **other) {
+  *other = NULL;
+  return ncclSuccess;
+}
 
 ncclResult_t net_config_name(const char *name) {
   if (name[0] == '\0')
@@ -280,6 +291,28 @@ static ncclResult_t device_for(struct conn *c, const struct net_plugin *p, int *
   return ncclSuccess;
 }
 
+/* The connection of the other direction with the same peer, kind and
+ * channel, when it is being set up in the same batch: the two may share
+ * one wire. A sibling set up in another batch is not looked for, so both
+ * sides see the same answer: a peer's batch holds the mirror of this one.
+ * Whether each side found one travels in net_info, and the pair shares
+ * only if both did.
+ *
+ * Recursive doubling's connections only: the tuner gives it small
+ * messages, whose ACKs then ride on the reply (2 ranks over loopback
+ * sockets, AllReduce 8 B: 4.6-5.1 us against 5.5-6.7; 4 KiB: 6.6-6.9
+ * against 6.8-8.2). The rings' and Send/Recv's carry bulk too, where one
+ * socket for both directions measured no faster (docs/decisions.md). */
+static struct conn *net_sibling(struct conn *c) {
+  if (c->peer == c->comm->rank || c->kind != CONN_RD)
+    return NULL;
+  for (struct conn *o = c->comm->pending; o; o = o->next_pending)
+    if (o != c && o->tr == c->tr && o->peer == c->peer && o->kind == c->kind && o->channel == c->channel &&
+        o->dir != c->dir)
+      return o;
+  return NULL;
+}
+
 static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   struct net_priv *np;
   CHECK(UTIL_CALLOC(&np, 1, "net connection"));
@@ -327,11 +360,13 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
     c->dev.head = (uint64_t *)(d + offsetof(struct net_ctrl, head));
     c->dev.step = c->dir == CONN_SEND ? c->dev.tail : c->dev.head;
   }
-  /* This side's wish; the peer's joins it at connect. */
+  /* This side's wishes; the peer's join them at connect. */
   np->split = np->gdr != GDR_OFF || param_int(P_NET_SPLIT_SLOTS);
+  np->duplex = param_int(P_NET_DUPLEX) && np->p->duplex != net_no_duplex && net_sibling(c) != NULL;
   struct net_info *ni = info;
   memset(ni, 0, sizeof *ni);
   ni->split = (uint32_t)np->split;
+  ni->duplex = (uint32_t)np->duplex;
   *len = sizeof *ni;
   if (c->dir == CONN_SEND)
     return ncclSuccess;
@@ -341,21 +376,48 @@ static ncclResult_t net_setup(struct conn *c, void *info, size_t *len) {
   return r;
 }
 
+/* One wire for both directions between two ranks: the lower rank's send
+ * connects and the higher rank's receive accepts, as for any connection;
+ * the other two wait for their sibling and take the other direction of its
+ * comm. ncclInProgress while the sibling connects; then np->joined, or
+ * np->duplex cleared where the plugin cannot share that comm, and the two
+ * connect on their own as usual: both ends of the sibling's connection
+ * refuse alike, and the listener of the lower rank's receive is still
+ * open. */
+static ncclResult_t duplex_join(struct conn *c, struct net_priv *np) {
+  int leads = (c->dir == CONN_SEND) == (c->comm->rank < c->peer);
+  if (leads || np->joined)
+    return ncclSuccess;
+  struct conn *sib = net_sibling(c);
+  struct net_priv *sp = sib ? sib->priv : NULL;
+  if (!sp)
+    return err_set(ncclInternalError, "the %s connection with rank %d lost the connection it shares a wire with",
+                   c->dir == CONN_SEND ? "send" : "receive", c->peer);
+  if (!sib->connected)
+    return ncclInProgress;
+  CHECK(np->p->duplex(sp->comm, &np->comm));
+  np->joined = np->comm != NULL;
+  if (np->joined)
+    INFO(LOG_NET, "channel %d: %s rank %d shares the wire of the %s", c->channel,
+         c->dir == CONN_SEND ? "send to" : "receive from", c->peer, c->dir == CONN_SEND ? "receive" : "send");
+  else
+    np->duplex = 0;
+  return ncclSuccess;
+}
+
 static ncclResult_t net_connect(struct conn *c, const void *peer_info, size_t len) {
   struct net_priv *np = c->priv;
   const struct net_info *peer = peer_info;
   if (len != sizeof *peer)
     return err_set(ncclInternalError, "net connection info from rank %d has %zu bytes", c->peer, len);
   np->split = np->split || peer->split != 0;
-  ncclResult_t r;
-  if (c->dir == CONN_SEND) {
-    r = np->p->connect(np->dev, peer->handle, &np->comm);
-  } else {
-    r = np->p->accept(np->listen_comm, &np->comm);
-    if (r == ncclSuccess) {
-      np->p->close_listen(np->listen_comm);
-      np->listen_comm = NULL;
-    }
+  ncclResult_t r = np->duplex && peer->duplex ? duplex_join(c, np) : ncclSuccess;
+  if (r == ncclSuccess && !np->joined)
+    r = c->dir == CONN_SEND ? np->p->connect(np->dev, peer->handle, &np->comm)
+                            : np->p->accept(np->listen_comm, &np->comm);
+  if (r == ncclSuccess && np->listen_comm) {
+    np->p->close_listen(np->listen_comm);
+    np->listen_comm = NULL;
   }
   if (r == ncclSuccess)
     r = np->p->reg_mr(np->comm, np->mem, np->mem_size, NET_PTR_HOST, &np->mhandle);

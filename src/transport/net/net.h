@@ -74,6 +74,14 @@ struct net_plugin {
    * the comm with it and returns it. net_no_probe where errors surface
    * through test() alone. */
   ncclResult_t (*probe)(void *comm);
+  /* Optional (net_no_duplex where absent): a comm for the other direction
+   * of `comm`'s connection, on the same wire (a receive comm from the
+   * peer a send comm reaches, or the reverse), so that one connection
+   * carries both directions between two ranks and each side's data
+   * carries the acknowledgements of the other's. *other NULL where this
+   * connection cannot be shared; both sides of a connection answer alike.
+   * Each comm is closed on its own; the wire goes with the last. */
+  ncclResult_t (*duplex)(void *comm, void **other);
   ncclResult_t (*close_send)(void *send_comm);
   ncclResult_t (*close_recv)(void *recv_comm);
   ncclResult_t (*close_listen)(void *listen_comm);
@@ -87,6 +95,8 @@ uint64_t net_no_activity(void *comm);
 /* -1: the caller must not block on descriptors. */
 int net_no_poll_fds(void *comm, struct pollfd *fds, int max);
 ncclResult_t net_no_probe(void *comm);
+/* *other NULL: each direction connects on its own. */
+ncclResult_t net_no_duplex(void *comm, void **other);
 
 extern const struct net_plugin net_socket_plugin;
 extern const struct net_plugin net_ib_plugin;

@@ -447,6 +447,7 @@ ncclResult_t net_ext_load(const char *spec, const struct net_plugin **out) {
       .activity = net_no_activity,
       .poll_fds = net_no_poll_fds,
       .probe = net_no_probe,
+      .duplex = net_no_duplex,
       .close_send = ext_close_send,
       .close_recv = ext_close_recv,
       .close_listen = ext_close_listen,

@@ -18,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <linux/tcp.h> /* tcpi_bytes_acked, which glibc's struct tcp_info lacks */
@@ -215,6 +216,11 @@ static ncclResult_t sock_close(void *comm) {
   if (!c)
     return ncclSuccess;
   sock_helpers_stop(c); /* before the fds: the helpers use them */
+  /* A shared socket stays open while the other direction's comm has it:
+   * the end of this direction is what the peer's receive comm must see,
+   * as it would see the close of a socket of its own. */
+  if (c->fd >= 0 && c->shared && c->is_send)
+    shutdown(c->fd, SHUT_WR);
   if (c->fd >= 0)
     close(c->fd);
   for (int i = 0; i < c->nsocks; i++)
@@ -623,21 +629,22 @@ static ncclResult_t sock_irecv(void *recv_comm, void *data, size_t size, void *m
 /* What the kernel moved counts too: a sender whose last bytes sit in
  * its socket buffer sees them acknowledged, a receiver sees them arrive
  * before it reads, both as TCP's retransmissions get through a lossy
- * link. */
-static uint64_t tcp_moved(int fd) {
+ * link. Only this comm's direction: on a shared socket (sock_duplex) the
+ * other direction moving says nothing of a peer stalled on this one. */
+static uint64_t tcp_moved(int fd, int is_send) {
   struct tcp_info ti;
   socklen_t len = sizeof ti;
   memset(&ti, 0, sizeof ti);
   if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
     return 0;
-  return ti.tcpi_bytes_acked + ti.tcpi_bytes_received; /* 0 on kernels before 4.1 */
+  return is_send ? ti.tcpi_bytes_acked : ti.tcpi_bytes_received; /* 0 on kernels before 4.1 */
 }
 
 static uint64_t sock_activity(void *comm) {
   struct sock_comm *c = comm;
-  uint64_t a = atomic_load_explicit(&c->moved, memory_order_relaxed) + tcp_moved(c->fd);
+  uint64_t a = atomic_load_explicit(&c->moved, memory_order_relaxed) + tcp_moved(c->fd, c->is_send);
   for (int s = 0; s < c->nsocks; s++)
-    a += tcp_moved(c->socks[s].fd);
+    a += tcp_moved(c->socks[s].fd, c->is_send);
   return a;
 }
 
@@ -690,6 +697,39 @@ static ncclResult_t sock_test(void *request, int *done, size_t *size) {
   return ncclSuccess;
 }
 
+/* The other direction of a connection that has no data sockets, on a
+ * duplicate of its descriptor: TCP moves the two directions of a socket
+ * apart, and each comm reads or writes only its own. A connection with
+ * data sockets is not shared (the helpers' queues are per direction);
+ * both its sides have the shape the listener chose, so both refuse. */
+static ncclResult_t sock_duplex(void *comm, void **other) {
+  struct sock_comm *c = comm;
+  *other = NULL;
+  if (c->nsocks > 0 || c->fd < 0)
+    return ncclSuccess;
+  int fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return err_set(ncclSystemError, "could not share the socket of the connection with %s: %s", c->where,
+                   strerror(errno));
+  struct sock_comm *d;
+  ncclResult_t r = comm_new(&d, 0, 0, c->min_task);
+  if (r != ncclSuccess) {
+    close(fd);
+    return r;
+  }
+  d->fd = fd;
+  d->is_send = !c->is_send;
+  d->peer = c->peer;
+  d->cookie = c->cookie;
+  d->conn_id = c->conn_id;
+  d->link_state[0] = 4;
+  d->nlinks_up = 1;
+  memcpy(d->where, c->where, sizeof d->where);
+  c->shared = d->shared = 1;
+  *other = d;
+  return ncclSuccess;
+}
+
 static ncclResult_t sock_close_listen(void *listen_comm) {
   struct sock_listen *l = listen_comm;
   if (l) {
@@ -721,6 +761,7 @@ const struct net_plugin net_socket_plugin = {
     .iflush = net_no_iflush,
     .activity = sock_activity,
     .probe = sock_probe_errors,
+    .duplex = sock_duplex,
     .poll_fds = sock_poll_fds,
     .close_send = sock_close,
     .close_recv = sock_close,

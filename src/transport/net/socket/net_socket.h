@@ -20,7 +20,10 @@
  * nthreads and min_task and puts them in the handle. The control stream
  * moves in as few system calls as it can: one sendmsg carries the lengths
  * and inline payloads of all the requests queued, and one read takes in
- * what follows the bytes it wants, for the next requests.
+ * what follows the bytes it wants, for the next requests. A connection
+ * without data sockets may carry the other direction too (sock_duplex):
+ * a second comm on a duplicate of the control socket, which reads or
+ * writes only its own direction of the TCP stream.
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef LOOM_NET_SOCKET_H
@@ -137,6 +140,7 @@ struct sock_helper {
 struct sock_comm {
   int fd; /* control socket */
   int is_send;
+  int shared; /* fd's socket also carries the other direction (sock_duplex) */
   int nsocks, nthreads;
   size_t min_task;
   unsigned next_sock; /* where the next large message's first chunk goes */
