@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -63,9 +64,23 @@ static double mono(void) {
 #define LOOM_TEST_TIME_SCALE 1
 #endif
 
+/* The test's process group, for the signal handler. */
+static volatile pid_t test_group;
+
+/* A runner stopped from outside (`timeout`, Ctrl-C) takes its test with
+ * it: the test has a process group of its own, which the terminal's and
+ * timeout's signals do not reach, and a hung test left behind spins on. */
+static void stop_group(int sig) {
+  if (test_group > 0)
+    kill(-test_group, SIGKILL);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 static int run(const struct entry *e) {
   const int limit = e->timeout * LOOM_TEST_TIME_SCALE;
   fflush(stdout);
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     perror("fork");
@@ -73,6 +88,10 @@ static int run(const struct entry *e) {
   }
   if (pid == 0) {
     setpgid(0, 0);
+    /* A runner killed outright (SIGKILL) runs no handler. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(1);
     sanitizer_settle();
     int rc = sanitizer_leak_check(e->fn());
     fflush(stdout);
@@ -80,6 +99,10 @@ static int run(const struct entry *e) {
     _exit(rc);
   }
   setpgid(pid, pid);
+  test_group = pid;
+  signal(SIGTERM, stop_group);
+  signal(SIGINT, stop_group);
+  signal(SIGHUP, stop_group);
   int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
   double start = mono();
   int timed_out = 0;
