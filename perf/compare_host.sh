@@ -23,7 +23,8 @@
 #   socket rows, Loom over sockets against Open MPI (tcp), Gloo:
 #     2 ranks 8, 64M; 4 ranks 1M
 # and prints per row each library's time per call, the best peer and
-# Loom's ratio against it (quick.csv, summary.txt). The options of the
+# Loom's ratio against it (quick.csv, summary.txt); even rounds run each
+# row's libraries in the reverse order. The options of the
 # sweep (--ranks --min --max --factor --colls --warmup --iters) do not
 # apply to it. Either mode exits 0 whatever the ratios, 1 if a run failed,
 # 2 on a bad option. --no-build, or LOOM_PERF_BUILD=DIR, uses an existing
@@ -351,7 +352,13 @@ if [ -n "$quick" ]; then
       read -r kind n size <<<"$row"
       b=$(bytes "$size") && read -r w it <<<"$(calls "$n" "$b")"
       logtag=_$size
-      for impl in $(row_libs "$kind"); do
+      # Every other round runs a row's libraries in the reverse order: a
+      # row's first run follows the previous row's (an 8-rank 64 MiB run
+      # before the socket rows) and can come out slow on a busy host, so
+      # no library should always be first.
+      libs=$(row_libs "$kind")
+      [ $((r % 2)) -eq 1 ] || libs=$(echo "$libs" | tr ' ' '\n' | tac | tr '\n' ' ')
+      for impl in $libs; do
         [ -z "${done_here[$impl $n $b]:-}" ] || continue
         done_here[$impl $n $b]=1
         runlib "$impl" allreduce "$n" "$r" "$b" "$b" 2 "$w" "$it"
