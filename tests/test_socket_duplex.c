@@ -84,6 +84,11 @@ static int duplex_rank(int rank, int n, ncclUniqueId id, void *arg) {
   const struct duplex_cfg *cfg = arg;
   if (rank == 1 && cfg->rank1_duplex)
     setenv("LOOM_NET_DUPLEX", cfg->rank1_duplex, 1);
+  /* Hosts of their own: the survivor cannot ask a peer's pidfd whether it
+   * lives, so only the shared socket tells it that the peer is gone. */
+  char host[32];
+  snprintf(host, sizeof host, "duplexhost%d", rank);
+  setenv("NCCL_HOSTID", host, 1);
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   if (exchange(comm, rank))
