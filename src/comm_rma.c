@@ -229,7 +229,7 @@ static ncclResult_t wait_signal(int nDesc, const ncclWaitSignalDesc_t *descs, st
     need[k].count += (uint64_t)descs[i].opCnt;
   }
   struct waiter wt;
-  wait_init(&wt, comm->spin_ns);
+  wait_init(&wt, comm->spin_ns, comm->yield_ns);
   uint64_t last_seen = 0, idle_since = time_ns(), next_check = 0;
   ncclResult_t r = ncclSuccess;
   for (;;) {

@@ -165,10 +165,12 @@ static int run_wait_fds(struct comm_plan *plans, int n, struct pollfd *fds) {
 
 static ncclResult_t run(struct comm_plan *plans, int n) {
   struct waiter wt;
-  uint64_t spin = n > 0 ? plans[0].comm->spin_ns : 0;
-  for (int i = 1; i < n; i++)
+  uint64_t spin = n > 0 ? plans[0].comm->spin_ns : 0, yield = n > 0 ? plans[0].comm->yield_ns : WAIT_YIELD_NS;
+  for (int i = 1; i < n; i++) {
     spin = LOOM_MIN(spin, plans[i].comm->spin_ns);
-  wait_init(&wt, spin);
+    yield = LOOM_MIN(yield, plans[i].comm->yield_ns);
+  }
+  wait_init(&wt, spin, yield);
   /* The clock is read only every few idle rounds: a small collective
    * that completes within its first polls never reads it. */
   uint64_t last_moved = 0, next_check = 0, activity = 0;

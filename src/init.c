@@ -142,6 +142,21 @@ static void open_pidfds(struct ncclComm *comm) {
   }
 }
 
+/* Where ranks may move between CPUs, a waiting rank sleeps soon: a CPU
+ * whose ranks all wait then idles, and the scheduler moves over a rank
+ * that has work. A rank pinned to one CPU with others cannot be moved
+ * to, and the ranks that could use its CPU are the ones pinned there:
+ * yielding hands it straight to them, with no futex wake and no idle
+ * CPU between the phases of a collective. 8 ranks pinned 4 to each of 2
+ * CPUs, AllReduce 1 MiB: 774-846 us yielding up to 100 ms against
+ * 921-1008 sleeping after 50 us (perf/README.md). */
+static uint64_t yield_budget(int crowded, const struct place_cpus *mine) {
+  int64_t us = param_int(P_YIELD_US);
+  if (us >= 0)
+    return (uint64_t)us * 1000;
+  return crowded && place_cpu_count(mine) == 1 ? 10000000ull : WAIT_YIELD_NS;
+}
+
 /* Spinning answers a peer fastest but only while each rank has a core:
  * where more ranks may run on a rank's CPUs than there are of them, a
  * spinning rank holds the core its peer needs, so it yields at once
@@ -206,11 +221,13 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
     shm_off |= comm->peers[r].shm_disabled;
   comm->nhosts = nhosts;
   comm->spin_ns = spin_budget(mine_oversubscribed);
-  INFO(LOG_INIT, "rank %d: %s; %s; a wait spins %llu us before it yields", comm->rank,
+  comm->yield_ns = yield_budget(mine_oversubscribed, &comm->peers[comm->rank].cpus);
+  INFO(LOG_INIT, "rank %d: %s; %s; a wait spins %llu us before it yields, and yields %llu us before it sleeps",
+       comm->rank,
        mine_oversubscribed ? "crowded (more of this host's ranks may run on its CPUs than there are of them)"
                            : "not crowded (a CPU for each rank that may run on its CPUs)",
        oversubscribed ? "a host of this communicator is crowded" : "no host is crowded",
-       (unsigned long long)(comm->spin_ns / 1000));
+       (unsigned long long)(comm->spin_ns / 1000), (unsigned long long)(comm->yield_ns / 1000));
   int64_t single = param_int(P_SHM_SINGLE_COPY);
   comm->single_copy_min = single < 0 ? 65536 : (size_t)single;
   comm->single_copy_local = single < 0;

@@ -83,13 +83,16 @@ TEST_IMPL(perf_loomrun_failing_rank) {
   return 0;
 }
 
-/* The CPUs each rank got: "r<local rank> <Cpus_allowed_list>" per line. */
+/* The CPUs each rank got: "r<local rank> <Cpus_allowed_list>" per line;
+ * bind NULL: no --bind option, loomrun's default. */
 static int rank_cpus(const char *bind, int n, char lists[][64]) {
   char nstr[16];
   snprintf(nstr, sizeof nstr, "%d", n);
   char *argv[] = {LOOMRUN, "-n", nstr, "--timeout", "60", "--bind", (char *)bind, "/bin/sh", "-c",
                   "echo \"r$LOOM_LOCAL_RANK $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)\"",
                   NULL};
+  if (!bind)
+    memmove(&argv[5], &argv[7], sizeof argv - 7 * sizeof argv[0]);
   int rc = harness_run(argv, out, sizeof out);
   ASSERT_MSG(rc == 0, "loomrun --bind %s exited with %d:\n%s", bind, rc, out);
   for (int i = 0; i < n; i++) {
@@ -102,8 +105,8 @@ static int rank_cpus(const char *bind, int n, char lists[][64]) {
 }
 
 /* loomrun --bind: cpu puts local rank i on the (i mod k)-th of the k CPUs
- * it may run on itself, none leaves them all, auto binds only where the
- * ranks outnumber those CPUs. */
+ * it may run on itself, none leaves them all, auto (the default) binds
+ * only where the ranks outnumber those CPUs. */
 TEST_IMPL(perf_loomrun_bind) {
   cpu_set_t have;
   ASSERT(sched_getaffinity(0, sizeof have, &have) == 0);
@@ -115,25 +118,27 @@ TEST_IMPL(perf_loomrun_bind) {
     SKIP("this process may run on %d CPUs; the test starts k+1 ranks and checks each, up to 32", k);
   static char lists[40][64];
   int n = k + 1;
-  /* k+1 ranks: cpu and auto pin alike. */
-  static const char *const pinning[] = {"cpu", "auto"};
-  for (int b = 0; b < 2; b++) {
+  /* k+1 ranks: cpu, auto and the default pin alike. */
+  static const char *const pinning[] = {"cpu", "auto", NULL};
+  for (int b = 0; b < 3; b++) {
     ASSERT(rank_cpus(pinning[b], n, lists) == 0);
     for (int i = 0; i < n; i++) {
       char want[16];
       snprintf(want, sizeof want, "%d", cpu[i % k]);
       ASSERT_MSG(strcmp(lists[i], want) == 0, "--bind %s, %d ranks on %d CPUs: rank %d runs on %s, not CPU %s",
-                 pinning[b], n, k, i, lists[i], want);
+                 pinning[b] ? pinning[b] : "(default)", n, k, i, lists[i], want);
     }
   }
   /* As many ranks as CPUs, and none: every rank keeps the launcher's set. */
   char all[64];
   ASSERT(rank_cpus("none", 1, lists) == 0);
   snprintf(all, sizeof all, "%s", lists[0]);
-  ASSERT(rank_cpus("auto", k, lists) == 0);
-  for (int i = 0; i < k; i++)
-    ASSERT_MSG(strcmp(lists[i], all) == 0, "--bind auto, %d ranks on %d CPUs: rank %d runs on %s, not %s", k, k,
-               i, lists[i], all);
+  for (int b = 1; b < 3; b++) {
+    ASSERT(rank_cpus(pinning[b], k, lists) == 0);
+    for (int i = 0; i < k; i++)
+      ASSERT_MSG(strcmp(lists[i], all) == 0, "--bind %s, %d ranks on %d CPUs: rank %d runs on %s, not %s",
+                 pinning[b] ? pinning[b] : "(default)", k, k, i, lists[i], all);
+  }
   ASSERT(rank_cpus("none", n, lists) == 0);
   for (int i = 0; i < n; i++)
     ASSERT_MSG(strcmp(lists[i], all) == 0, "--bind none: rank %d runs on %s, not %s", i, lists[i], all);
@@ -152,8 +157,11 @@ static int occurrences(const char *text, const char *what) {
 /* The library's side of pinning: ranks pinned one per CPU are not
  * crowded; one more makes the two that share a CPU crowded and the host
  * crowded for all (init.c's host census, from the affinities the ranks
- * exchange). On at most two of this process's CPUs, so that the ranks
- * stay few; with one, m+1 = 2 ranks share it. */
+ * exchange). Those two, pinned to one CPU with another rank, yield for
+ * 10 ms before they sleep; every other rank for 50 us, and so do m+1
+ * ranks that are crowded but free to move (init.c's yield_budget). On at
+ * most two of this process's CPUs, so that the ranks stay few; with one,
+ * m+1 = 2 ranks share it. */
 TEST_IMPL(perf_pinned_not_crowded) {
   cpu_set_t have, use;
   ASSERT(sched_getaffinity(0, sizeof have, &have) == 0);
@@ -181,7 +189,31 @@ TEST_IMPL(perf_pinned_not_crowded) {
     ASSERT_MSG(seen == crowded && host == n,
                "%d ranks pinned on %d CPUs: %d crowded (want %d), %d of %d with the host's verdict:\n%s", n, m, seen,
                crowded, host, n, out);
+    int longer = occurrences(out, "yields 10000 us before it sleeps"), shorter = occurrences(out, "yields 50 us before");
+    ASSERT_MSG(longer == crowded && shorter == n - crowded,
+               "%d ranks pinned on %d CPUs: %d yield 10 ms (want %d), %d yield 50 us (want %d):\n%s", n, m, longer,
+               crowded, shorter, n - crowded, out);
   }
+  /* Crowded but free to move (two CPUs or more): a sleeping rank leaves
+   * its CPU to the ranks the scheduler moves there. */
+  if (m < 2)
+    return 0;
+  char nstr[16];
+  snprintf(nstr, sizeof nstr, "%d", m + 1);
+  char *argv[] = {LOOMRUN, "-n", nstr, "--timeout", "60", "--bind", "none", PERF("all_reduce_perf"), "-b", "8", "-e",
+                  "8", "-n", "2", "-w", "1", NULL};
+  int rc = harness_run_merged(argv, out, sizeof out);
+  ASSERT_MSG(rc == 0, "%d ranks unpinned on %d CPUs: loomrun exited with %d:\n%s", m + 1, m, rc, out);
+  int crowded = occurrences(out, ": crowded ("), shorter = occurrences(out, "yields 50 us before");
+  ASSERT_MSG(crowded == m + 1 && shorter == m + 1,
+             "%d ranks unpinned on %d CPUs: %d crowded, %d yield 50 us (want %d each):\n%s", m + 1, m, crowded,
+             shorter, m + 1, out);
+  /* LOOM_YIELD_US decides for every rank. */
+  setenv("LOOM_YIELD_US", "700", 1);
+  rc = harness_run_merged(argv, out, sizeof out);
+  unsetenv("LOOM_YIELD_US");
+  ASSERT_MSG(rc == 0 && occurrences(out, "yields 700 us before") == m + 1,
+             "LOOM_YIELD_US=700, %d ranks: loomrun exited with %d:\n%s", m + 1, rc, out);
   return 0;
 }
 

@@ -38,9 +38,9 @@ static void usage(FILE *f) {
           "                     or - for stdout) for the other hosts' loomrun --id-in\n"
           "      --id-in FILE   take the unique id from FILE (- for stdin) instead of\n"
           "                     making one; waits for it up to --timeout (or 60 s)\n"
-          "      --bind WHERE   none (default): the ranks run wherever loomrun may; cpu:\n"
-          "                     rank i here on the (i mod k)-th of the k CPUs loomrun may\n"
-          "                     run on; auto: as cpu where the ranks outnumber those CPUs\n"
+          "      --bind WHERE   auto (default): as cpu where the ranks outnumber the CPUs\n"
+          "                     loomrun may run on, else as none; cpu: rank i here on the\n"
+          "                     (i mod k)-th of those k CPUs; none: wherever loomrun may\n"
           "  -v, --verbose      say which pids were started and how each rank ended\n"
           "  -h, --help         this text\n"
           "\n"
@@ -85,6 +85,7 @@ int main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
   loomLaunchOptions o;
   memset(&o, 0, sizeof(o));
+  o.bind = LOOM_BIND_AUTO;
   const char *ranklist = NULL;
   opterr = 0;
   /* '+': stop at the program name, so its own options are left alone. */

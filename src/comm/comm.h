@@ -119,6 +119,7 @@ struct ncclComm {
   struct tuner *tuner; /* NCCL_ALGO and the cost model (algorithms/tuner.h) */
   int nhosts;
   uint64_t spin_ns; /* how long a host wait spins before yielding (LOOM_SPIN_US) */
+  uint64_t yield_ns; /* and then yields before sleeping (LOOM_YIELD_US) */
   size_t single_copy_min; /* LOOM_SHM_SINGLE_COPY, 0: off */
   int single_copy_local;  /* ... and only between ranks of one process */
   /* The slowest chain link and the smallest NIC total of any rank's host

@@ -66,6 +66,13 @@ void place_cpus_self(struct place_cpus *c) {
       c->w[cpu / 64] |= (uint64_t)1 << (cpu % 64);
 }
 
+int place_cpu_count(const struct place_cpus *c) {
+  int n = 0;
+  for (int i = 0; i < PLACE_CPU_WORDS; i++)
+    n += __builtin_popcountll(c->w[i]);
+  return n;
+}
+
 int place_crowded(const struct place_cpus *const *set, int n, int who) {
   struct place_cpus all;
   memset(&all, 0, sizeof all);

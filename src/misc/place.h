@@ -35,4 +35,7 @@ void place_cpus_self(struct place_cpus *c);
  * CPUs, or pinned four to each, are. */
 int place_crowded(const struct place_cpus *const *set, int n, int who);
 
+/* How many CPUs the set holds. */
+int place_cpu_count(const struct place_cpus *c);
+
 #endif

@@ -104,8 +104,9 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-void wait_init(struct waiter *w, uint64_t spin_ns) {
+void wait_init(struct waiter *w, uint64_t spin_ns, uint64_t yield_ns) {
   w->spin_ns = spin_ns;
+  w->yield_ns = yield_ns;
   wait_reset(w);
 }
 
@@ -145,7 +146,7 @@ void wait_pause(struct waiter *w) {
     cpu_relax();
     return;
   }
-  if ((w->spins & (WAIT_SPUN - 1)) < 2048 || time_ns() - w->since_ns < w->spin_ns + 2000000ull) {
+  if ((w->spins & (WAIT_SPUN - 1)) < 2048 || time_ns() - w->since_ns < w->spin_ns + LOOM_MAX(w->yield_ns, 2000000ull)) {
     sched_yield();
     return;
   }
@@ -158,7 +159,9 @@ void wait_pause(struct waiter *w) {
  * woken from poll() waits for a CPU that its peers keep busy. 4 processes
  * on 2 CPUs, AllReduce 1 MiB over loopback sockets: 1.8 ms blocking at
  * once, 1.7 ms only yielding, 0.9 ms yielding 100 us then blocking (50 us:
- * 1.0 ms, 200 us: 1.1 ms). */
+ * 1.0 ms, 200 us: 1.1 ms). A rank pinned to a CPU with others yields
+ * for its longer yield_ns: the same with 2 ranks pinned to each CPU,
+ * 1.12-1.17 ms against 1.31-1.36 ms. */
 #define WAIT_POLL_YIELD_NS 100000ull
 
 void wait_poll(struct waiter *w, struct pollfd *fds, int nfds) {
@@ -170,7 +173,7 @@ void wait_poll(struct waiter *w, struct pollfd *fds, int nfds) {
     cpu_relax();
     return;
   }
-  if (now - w->since_ns < w->spin_ns + WAIT_POLL_YIELD_NS) {
+  if (now - w->since_ns < w->spin_ns + LOOM_MAX(WAIT_POLL_YIELD_NS, w->yield_ns)) {
     sched_yield();
     return;
   }
@@ -189,8 +192,10 @@ void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _
   }
   /* A short wait is cheaper to yield through than to sleep and be woken;
    * past it, a sleeping rank leaves its core to the ranks that have work,
-   * which is what keeps oversubscribed hosts going. */
-  if (time_ns() - w->since_ns < w->spin_ns + 50000ull) {
+   * which is what keeps oversubscribed hosts going where ranks may move
+   * between CPUs. A rank pinned to a CPU with others yields for longer
+   * (yield_ns, init.c says why). */
+  if (time_ns() - w->since_ns < w->spin_ns + w->yield_ns) {
     sched_yield();
     return;
   }

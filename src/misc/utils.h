@@ -44,29 +44,34 @@ uint64_t util_hash_str(const char *s, uint64_t seed);
 
 /* Spin, then yield, then sleep briefly: the state of one wait. Call
  * wait_reset when progress is made. spin_ns is how long to spin before
- * yielding (wait_init sets it, wait_reset keeps it). */
+ * yielding, yield_ns how long to yield after that before sleeping
+ * (wait_init sets them, wait_reset keeps them). */
 struct waiter {
   uint32_t spins;
   uint64_t since_ns;
   uint64_t spin_ns;
+  uint64_t yield_ns;
 };
+/* How long a wait yields before it sleeps, unless the rank is crowded on
+ * one CPU (LOOM_YIELD_US, init.c). */
+#define WAIT_YIELD_NS 50000ull
 /* Pauses a spinning wait makes before it reads the clock. */
 #define WAIT_FIRST_PAUSES 64u
 /* Whether the wait is past its first pauses, where a caller may look for
  * something to sleep on. */
 static inline int wait_spun(const struct waiter *w) { return w->spin_ns == 0 || w->spins >= WAIT_FIRST_PAUSES; }
-void wait_init(struct waiter *w, uint64_t spin_ns);
+void wait_init(struct waiter *w, uint64_t spin_ns, uint64_t yield_ns);
 void wait_reset(struct waiter *w);
 void wait_pause(struct waiter *w);
-/* Like wait_pause while `*counter == seen`, but where wait_pause would
- * yield for long, sleeps on the counter (a futex on its low word) until
+/* Like wait_pause while `*counter == seen`, but once it has yielded for
+ * yield_ns, sleeps on the counter (a futex on its low word) until
  * the peer that moves it wakes this thread, at most a millisecond so the
  * caller's periodic checks still run. `sleepers` counts the sleeping
  * threads, for the peer's fifo_wake. */
 void wait_sleep_on(struct waiter *w, _Atomic uint64_t *counter, uint64_t seen, _Atomic uint32_t *sleepers);
 /* For a wait whose every round costs a system call (sockets): spins for
  * spin_ns from the wait's first round (not at all where spin_ns is 0),
- * yields for 100 us more, then blocks in poll() until one of the
+ * yields for 100 us (or yield_ns, if longer) more, then blocks in poll() until one of the
  * descriptors is ready, at most a millisecond so the caller's periodic
  * checks still run. */
 struct pollfd;

@@ -147,7 +147,7 @@ ncclResult_t transport_connect_pending(struct ncclComm **comms, int ncomms) {
       bound_by = comms[i];
     }
   struct waiter w;
-  wait_init(&w, 0);
+  wait_init(&w, 0, WAIT_YIELD_NS);
   for (;;) {
     int left = 0;
     for (k = 0; k < total; k++) {

@@ -146,7 +146,7 @@ static void *proxy_main(void *arg) {
   log_set_rank(comm->rank);
   place_thread(comm->local_cpus, cc->ignore_affinity);
   struct waiter w;
-  wait_init(&w, 0);
+  wait_init(&w, 0, WAIT_YIELD_NS);
   uint64_t next_check = time_ns(), last_change = time_ns(), seen = 0, seen_activity = 0;
   int reported = 0;
   while (!atomic_load(&cc->stop)) {
@@ -321,7 +321,7 @@ ncclResult_t cuda_comm_finalize(struct ncclComm *comm) {
    * this rank's memory, which must not be freed before). */
   atomic_store(&cc->draining, 1);
   struct waiter w;
-  wait_init(&w, 0);
+  wait_init(&w, 0, WAIT_YIELD_NS);
   while (!atomic_load(&cc->drained))
     wait_pause(&w);
   return comm->async_error;
