@@ -219,7 +219,11 @@ static ncclResult_t plan_flat(struct comm_plan *p, struct task *t, uint64_t seq)
   size_t bytes = t->count * w->esize, align = LOOM_MAX((size_t)1, 64 / w->esize);
   w->flat.on = 1;
   w->flat.whole = bytes <= FLAT_WHOLE_MAX;
-  w->flat.per_round = w->flat.whole ? t->count : comm->arena->region / w->esize / align * align;
+  /* Buffers in symmetric windows are read and written in place by
+   * slices, which moves each byte once: faster than any copy. */
+  w->flat.by_cpu = !w->flat.whole && comm->arena->ncpus > 0 && !plan_symmetric(comm, t);
+  size_t round = w->flat.by_cpu ? comm->arena->cpu_round : comm->arena->region;
+  w->flat.per_round = w->flat.whole ? t->count : round / w->esize / align * align;
   w->flat.nrounds = (t->count + w->flat.per_round - 1) / w->flat.per_round;
   w->piece = 0;
   plan_lane_push(&p->lanes[0], w);

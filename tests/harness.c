@@ -7,6 +7,7 @@
 #include "sanitizer.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -541,4 +542,35 @@ void harness_remove_dir(const char *dir) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0)
     fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* The first two CPUs of this process's affinity; 0 where it is unknown. */
+static int pin_choices(int cpu[2]) {
+  cpu_set_t have;
+  if (sched_getaffinity(0, sizeof have, &have) != 0)
+    return 0;
+  int k = 0;
+  for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+    if (CPU_ISSET(c, &have))
+      cpu[k++] = c;
+  return k;
+}
+
+int harness_pin_cpus(void) {
+  int cpu[2];
+  return pin_choices(cpu);
+}
+
+int harness_pin(int rank) {
+  int cpu[2], k = pin_choices(cpu);
+  if (k == 0)
+    return 1;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu[rank % k], &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) {
+    fprintf(stderr, "rank %d: cannot pin to CPU %d: %s\n", rank, cpu[rank % k], strerror(errno));
+    return 1;
+  }
+  return 0;
 }

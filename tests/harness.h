@@ -18,6 +18,13 @@ typedef int (*rank_fn)(int rank, int nranks, ncclUniqueId id, void *arg);
  * read (to enter a network namespace, say); NULL for none. */
 void harness_set_rank_setup(int (*setup)(int rank, void *arg));
 
+/* Pins the calling rank process to one CPU, as loomrun --bind cpu does
+ * on two: the (rank mod k)-th of the first k = min(2, available) CPUs of
+ * its affinity. Returns 0, or 1 if the kernel refused. */
+int harness_pin(int rank);
+/* How many CPUs harness_pin spreads ranks over (1 or 2). */
+int harness_pin_cpus(void);
+
 /* Runs fn in nranks processes; 0 if every rank returned 0. */
 int run_ranks(int nranks, rank_fn fn, void *arg);
 

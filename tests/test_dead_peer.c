@@ -23,10 +23,13 @@ struct dead_cfg {
   int stop; /* SIGSTOP instead of SIGKILL */
   int separate_hosts;
   int small; /* 256 floats a call instead of COUNT */
+  int pinned; /* 4 ranks pinned to 2 CPUs (flat by CPU): the victim leads its CPU */
 };
 
 static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
   const struct dead_cfg *cfg = arg;
+  if (cfg->pinned && harness_pin(rank) != 0)
+    return 1;
   if (cfg->separate_hosts) {
     /* Each rank its own host: sockets, and no pidfd to watch the others. */
     char host[32];
@@ -69,8 +72,9 @@ static int loop_rank(int rank, int n, ncclUniqueId id, void *arg) {
 }
 
 static int dead_peer_run(struct dead_cfg *cfg, double bound_s) {
-  enum { N = 3 };
-  pid_t pids[N];
+  enum { NMAX = 4 };
+  int N = cfg->pinned ? 4 : 3;
+  pid_t pids[NMAX];
   int events;
   ASSERT(start_ranks(N, loop_rank, cfg, pids, &events) == 0);
   char byte;
@@ -144,6 +148,21 @@ TEST_IMPL(stuck_peer_timeout_flat) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "2", 1);
   struct dead_cfg cfg = {.stop = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+/* By CPU: rank 1 leads its CPU, so rank 3 waits for its sum or result,
+ * and ranks 0 and 2 for it at the barrier. */
+TEST_IMPL(dead_peer_flat_cpu) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  struct dead_cfg cfg = {.pinned = 1};
+  return dead_peer_run(&cfg, 10);
+}
+
+TEST_IMPL(stuck_peer_timeout_flat_cpu) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  setenv("LOOM_TIMEOUT", "2", 1);
+  struct dead_cfg cfg = {.stop = 1, .pinned = 1};
   return dead_peer_run(&cfg, 10);
 }
 

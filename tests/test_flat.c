@@ -6,7 +6,9 @@
  * silent fall back to rings fails. Then what must not go wrong: calls
  * that differ between ranks are named, a rank that sets LOOM_SHM_FLAT=0
  * turns the arena off for everyone, and a rank that dies or stops at a
- * barrier is named by the others.
+ * barrier is named by the others. The same by CPU, with each rank pinned
+ * to one of two CPUs (harness_pin), as loomrun pins ranks that outnumber
+ * the CPUs: the matrix, a rank that turns it off, mismatched calls.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +28,9 @@ static int log_count(const char *want) { return harness_rank_log_count("flat", w
 
 static void log_remove(void) { harness_rank_log_remove("flat"); }
 
+/* arg: whether the ranks are pinned, and so go by CPU. */
 static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  int by_cpu = arg != NULL;
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   int calls = 0;
@@ -34,25 +38,39 @@ static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
     return 1;
   RCHECK(comm, ncclCommDestroy(comm));
   int arena = log_count("ranks share an arena of"), flat = log_count(": Flat,");
+  int cpu = log_count("flat AllReduces go by CPU");
   log_remove();
   RASSERT(arena == 1, "rank %d: the log says %d time(s) that the ranks share an arena", rank, arena);
   RASSERT(flat >= 3, "rank %d: the tuner chose Flat for %d size classes", rank, flat);
+  RASSERT(cpu == by_cpu, "rank %d: the log says %d time(s) that flat AllReduces go by CPU, not %d", rank, cpu, by_cpu);
   if (rank == 0)
-    printf("%d ranks: %d AllReduce calls checked on the arena\n", n, calls);
+    printf("%d ranks%s: %d AllReduce calls checked on the arena\n", n, by_cpu ? " by CPU" : "", calls);
   return 0;
 }
 
-static int matrix_test(int n) {
+static int pin_setup(int rank, void *arg) {
+  (void)arg;
+  return harness_pin(rank);
+}
+
+static int matrix_test(int n, int pinned) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TEST_ALLREDUCE_ONLY", "1", 1);
   flat_log();
-  return run_ranks(n, matrix_rank, NULL);
+  if (pinned)
+    harness_set_rank_setup(pin_setup);
+  return run_ranks(n, matrix_rank, pinned ? (void *)1 : NULL);
 }
 
-TEST_IMPL(flat_shm_2) { return matrix_test(2); }
-TEST_IMPL(flat_shm_3) { return matrix_test(3); }
-TEST_IMPL(flat_shm_5) { return matrix_test(5); }
-TEST_IMPL(flat_shm_8) { return matrix_test(8); }
+TEST_IMPL(flat_shm_2) { return matrix_test(2, 0); }
+TEST_IMPL(flat_shm_3) { return matrix_test(3, 0); }
+TEST_IMPL(flat_shm_5) { return matrix_test(5, 0); }
+TEST_IMPL(flat_shm_8) { return matrix_test(8, 0); }
+
+/* Every rank pinned to one of two CPUs (or all to one), two or more to
+ * each: flat AllReduces above 4 KiB go by CPU. */
+TEST_IMPL(flat_cpu_4) { return matrix_test(4, 1); }
+TEST_IMPL(flat_cpu_8) { return matrix_test(8, 1); }
 
 /* Ranks as threads of one process: the arena's descriptor is shared
  * rather than taken from another process, and one thread drives every
@@ -98,14 +116,15 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   enum { BIG = 5000 };
   static float buf[BIG + 1];
   RCHECK(comm, ncclAllReduce(buf, buf, 64, ncclFloat, ncclSum, comm, NULL));
-  size_t count = strcmp(what, "count_slices") == 0 ? BIG : 64;
+  int slices = strstr(what, "_slices") != NULL, op_differs = strncmp(what, "op", 2) == 0;
+  size_t count = slices ? BIG : 64;
   ncclRedOp_t op = ncclSum;
   if (rank == 1 && strncmp(what, "count", 5) == 0)
     count++;
   /* One rank posts its slot, the others wait at a barrier. */
   if (rank == 1 && strcmp(what, "modes") == 0)
     count = BIG;
-  if (rank == 1 && strcmp(what, "op") == 0)
+  if (rank == 1 && op_differs)
     op = ncclMax;
   for (size_t i = 0; i <= BIG; i++)
     buf[i] = 1.0f;
@@ -119,7 +138,7 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   /* Named from the headers, not found by LOOM_TIMEOUT (20 s). */
   RASSERT(took < 5, "rank %d took %.1f s to name the mismatch", rank, took);
   snprintf(name, sizeof name, "count %d", strcmp(what, "count_slices") == 0 ? BIG + 1 : strcmp(what, "modes") == 0 ? BIG : 65);
-  RASSERT(strstr(msg, strcmp(what, "op") == 0 ? "max" : name) != NULL,
+  RASSERT(strstr(msg, op_differs ? "max" : name) != NULL,
           "rank %d: the message does not name the difference: %s", rank, msg);
   /* Nothing of the others' data was reduced into the output. */
   for (size_t i = 0; i <= BIG; i++)
@@ -128,19 +147,30 @@ static int mismatch_rank(int rank, int n, ncclUniqueId id, void *arg) {
   return 0;
 }
 
-static int mismatch_test(const char *what) {
+static int mismatch_test(const char *what, int pinned) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "20", 1);
-  return run_ranks(3, mismatch_rank, (void *)what);
+  if (pinned)
+    harness_set_rank_setup(pin_setup);
+  /* Pinned, 4 ranks: rank 1 leads its CPU, and rank 3 adds after it. */
+  return run_ranks(pinned ? 4 : 3, mismatch_rank, (void *)what);
 }
 
-TEST_IMPL(flat_mismatch_count) { return mismatch_test("count"); }
+TEST_IMPL(flat_mismatch_count) { return mismatch_test("count", 0); }
 
-TEST_IMPL(flat_mismatch_count_slices) { return mismatch_test("count_slices"); }
+TEST_IMPL(flat_mismatch_count_slices) { return mismatch_test("count_slices", 0); }
 
-TEST_IMPL(flat_mismatch_modes) { return mismatch_test("modes"); }
+TEST_IMPL(flat_mismatch_modes) { return mismatch_test("modes", 0); }
 
-TEST_IMPL(flat_mismatch_op) { return mismatch_test("op"); }
+TEST_IMPL(flat_mismatch_op) { return mismatch_test("op", 0); }
+
+/* By CPU: rank 3 finds rank 1's call differs before adding to their
+ * CPU's sum; one rank posting a slot while the others go by CPU. */
+TEST_IMPL(flat_cpu_mismatch_count) { return mismatch_test("count_slices", 1); }
+
+TEST_IMPL(flat_cpu_mismatch_modes) { return mismatch_test("modes", 1); }
+
+TEST_IMPL(flat_cpu_mismatch_op) { return mismatch_test("op_slices", 1); }
 
 /* One rank without the arena (LOOM_SHM_FLAT=0): nobody uses it, and the
  * forced algorithm falls back to rings with the right results. */
@@ -172,4 +202,43 @@ TEST_IMPL(flat_off_on_one_rank) {
   flat_log();
   harness_set_rank_setup(one_off_setup);
   return run_ranks(3, one_off_rank, NULL);
+}
+
+/* Pinned, but one rank with LOOM_FLAT_BY_CPU=0: every rank goes by
+ * slices, with the right results. */
+static int cpu_off_setup(int rank, void *arg) {
+  if (rank == 2)
+    setenv("LOOM_FLAT_BY_CPU", "0", 1);
+  return pin_setup(rank, arg);
+}
+
+static int cpu_off_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  (void)arg;
+  enum { COUNT = 300000 }; /* two rounds, by slices or by CPU */
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  float *buf = malloc(COUNT * sizeof *buf);
+  RASSERT(buf != NULL, "rank %d: out of memory", rank);
+  for (int i = 0; i < COUNT; i++)
+    buf[i] = (float)(rank + i % 5);
+  RCHECK(comm, ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  int bad = -1;
+  for (int i = 0; i < COUNT && bad < 0; i++)
+    if (buf[i] != (float)(n * (n - 1) / 2 + n * (i % 5)))
+      bad = i;
+  float got = bad >= 0 ? buf[bad] : 0;
+  free(buf);
+  RASSERT(bad < 0, "rank %d: element %d is %g", rank, bad, got);
+  RCHECK(comm, ncclCommDestroy(comm));
+  int arena = log_count("ranks share an arena of"), cpu = log_count("go by CPU");
+  log_remove();
+  RASSERT(arena == 1 && cpu == 0, "rank %d: arena %d, by CPU %d (rank 2 set LOOM_FLAT_BY_CPU=0)", rank, arena, cpu);
+  return 0;
+}
+
+TEST_IMPL(flat_cpu_off_on_one_rank) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  flat_log();
+  harness_set_rank_setup(cpu_off_setup);
+  return run_ranks(4, cpu_off_rank, NULL);
 }

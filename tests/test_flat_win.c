@@ -213,3 +213,18 @@ TEST_IMPL(flat_win_crossed) {
   setenv("LOOM_TIMEOUT", "20", 1);
   return run_ranks(2, crossed_rank, NULL);
 }
+
+/* Pinned 4 ranks (harness_pin), which go by CPU where their buffers are
+ * not in symmetric windows: rank 0's are, so it goes by slices, and rank
+ * 2, after it on their CPU, would wait for it to add to the CPU's sum.
+ * Every rank is told from the arena's headers instead. */
+static int pin_setup(int rank, void *arg) {
+  (void)arg;
+  return harness_pin(rank);
+}
+
+TEST_IMPL(flat_cpu_win_crossed) {
+  setenv("LOOM_TIMEOUT", "20", 1);
+  harness_set_rank_setup(pin_setup);
+  return run_ranks(4, crossed_rank, NULL);
+}

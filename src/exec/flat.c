@@ -11,7 +11,18 @@
 #include <stdio.h>
 #include <string.h>
 
-enum flat_state { FLAT_WRITE = 0, FLAT_REDUCE = 1, FLAT_GATHER = 2, FLAT_DONE = 3 };
+enum flat_state {
+  FLAT_WRITE = 0,
+  FLAT_REDUCE = 1,
+  FLAT_GATHER = 2,
+  FLAT_DONE = 3,
+  /* By CPU: add this rank's data to its CPU's sum after the rank before
+   * it there, then the barrier; add up the sums (the CPU's leader) or
+   * copy the CPU's result once the leader has written it. */
+  FLAT_CPU_ADD = 4,
+  FLAT_CPU_SUM = 5,
+  FLAT_CPU_COPY = 6,
+};
 
 /* A slice's reduction goes through the ranks' regions this much at a
  * time, so that the partial result stays in the core's cache. */
@@ -75,17 +86,34 @@ static void write_input(const struct work *w, const struct red_op *op, char *to,
     memcpy(to, from, n * w->esize);
 }
 
-static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a) {
+/* Ranks whose calls match but that go about it differently: by CPU and
+ * by slices. Only buffers in symmetric windows on some ranks but not
+ * others make them differ (every rank decides from the same pinning). */
+static ncclResult_t mode_mismatch(const struct work *w, int r, int theirs_by_cpu) {
+  return err_set(ncclInvalidUsage,
+                 "rank %d runs flat AllReduce #%llu %s and rank %d %s: the ranks chose differently for one call. "
+                 "Buffers in windows registered with NCCL_WIN_COLL_SYMMETRIC go by slices, so every rank must pass "
+                 "such buffers to it, or none",
+                 w->comm->rank, (unsigned long long)w->seq, w->flat.by_cpu ? "by CPU" : "by slices", r,
+                 theirs_by_cpu ? "by CPU" : "by slices");
+}
+
+static ncclResult_t check_call(const struct work *w, const struct shm_arena *a, int r) {
   struct slot_hdr want;
   slot_expect(w->task, w->seq, &want);
-  for (int r = 0; r < a->nranks; r++) {
-    if (r == a->me)
-      continue;
-    const struct arena_rank *x = &a->ranks[r];
-    const struct slot_hdr *got = w->flat.whole ? &x->slot[w->flat.use & 1].hdr : &x->call[w->flat.use & 1].hdr;
-    if (!slot_matches(&want, got, 1))
-      return slot_mismatch(&want, got, a->me, r, 1);
-  }
+  const struct arena_rank *x = &a->ranks[r];
+  const struct slot_hdr *got = w->flat.whole ? &x->slot[w->flat.use & 1].hdr : &x->call[w->flat.use & 1].hdr;
+  if (!slot_matches(&want, got, 1))
+    return slot_mismatch(&want, got, a->me, r, 1);
+  if (!w->flat.whole && (got->where == SLOT_BY_CPU) != w->flat.by_cpu)
+    return mode_mismatch(w, r, got->where == SLOT_BY_CPU);
+  return ncclSuccess;
+}
+
+static ncclResult_t check_calls(const struct work *w, const struct shm_arena *a) {
+  for (int r = 0; r < a->nranks; r++)
+    if (r != a->me)
+      CHECK(check_call(w, a, r));
   return ncclSuccess;
 }
 
@@ -181,6 +209,7 @@ static void write_round(struct work *w, struct shm_arena *a, const struct red_op
     arena_hdr_begin(&c->flag);
     slot_mine(w->task, w->seq, a->me, &c->hdr);
     c->hdr.bytes = 0;
+    c->hdr.where = SLOT_INLINE;
     place_buffers(w, c, in);
     arena_hdr_end(&c->flag, w->flat.use);
   }
@@ -261,15 +290,118 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
   }
 }
 
+/* By CPU. Where ranks are pinned several to a CPU, the ranks of one CPU
+ * run one after another and share its cache: each adds its data straight
+ * into the CPU's sum, still in that cache from the rank before it, and
+ * one barrier later the CPU's leader adds the CPUs' sums into the CPU's
+ * result, which its other ranks copy from the same cache. The copy of
+ * every rank's input into a region of its own, read by another rank on
+ * either CPU, is gone. The ranks of a CPU add in rank order, so the
+ * result is the same on every rank and every run. */
+static void cpu_begin(struct work *w, struct shm_arena *a) {
+  w->flat.use = a->use++;
+  w->flat.cpu_round = a->cpu_rounds++;
+  if (w->flat.round != 0)
+    return;
+  w->flat.use0 = w->flat.use;
+  w->flat.src_direct = w->flat.dst_direct = 0;
+  struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
+  arena_hdr_begin(&c->flag);
+  slot_mine(w->task, w->seq, a->me, &c->hdr);
+  c->hdr.bytes = 0;
+  c->hdr.where = SLOT_BY_CPU;
+  c->src_win = c->dst_win = 0;
+  c->src_off = c->dst_off = 0;
+  arena_hdr_end(&c->flag, w->flat.use);
+}
+
+/* The sum's count once every rank before this one on its CPU has added
+ * this round's data. */
+static uint64_t cpu_turn(const struct work *w, const struct shm_arena *a) {
+  return w->flat.cpu_round * (uint64_t)a->cpu_ranks + (uint64_t)a->cpu_pos;
+}
+
+static int cpu_my_turn(const struct work *w, const struct shm_arena *a) {
+  return atomic_load_explicit(&a->head->cpu[a->cpu].added, memory_order_acquire) >= cpu_turn(w, a);
+}
+
+static int cpu_result_ready(const struct work *w, const struct shm_arena *a) {
+  return atomic_load_explicit(&a->head->cpu[a->cpu].ready, memory_order_acquire) > w->flat.cpu_round;
+}
+
+static ncclResult_t cpu_add(struct work *w, struct shm_arena *a, const struct red_op *in) {
+  uint64_t off, len;
+  round_range(w, &off, &len);
+  /* The rank before this one wrote the sum: its call must be this one. */
+  if (w->flat.round == 0 && a->cpu_prev >= 0)
+    CHECK(check_call(w, a, a->cpu_prev));
+  char *sum = arena_cpu_sum(a, w->flat.use, a->cpu);
+  const char *src = w->src + off * w->esize;
+  if (a->cpu_pos == 0)
+    write_input(w, in, sum, src, len);
+  else
+    red_reduce(in, sum, NULL, sum, src, len, 0);
+  struct arena_cpu *c = &a->head->cpu[a->cpu];
+  arena_cpu_move(&c->added, &c->added_sleepers);
+  w->flat.bar = arena_arrive(a);
+  return ncclSuccess;
+}
+
+/* The leader: the CPUs' sums, in CPU order (the same on every CPU), into
+ * this CPU's result and this rank's output, a block at a time while the
+ * block is in the cache. */
+static void cpu_sum(struct work *w, const struct shm_arena *a, const struct red_op *partial) {
+  uint64_t off, len;
+  round_range(w, &off, &len);
+  size_t es = w->esize;
+  uint64_t block = LOOM_MAX((uint64_t)1, FLAT_BLOCK / es);
+  char *res = arena_cpu_result(a, w->flat.use, a->cpu);
+  int stream = exec_streams_out(w);
+  for (uint64_t b = 0; b < len; b += block) {
+    uint64_t n = LOOM_MIN(block, len - b);
+    char *r = res + b * es;
+    if (a->ncpus == 1)
+      red_copy(partial, r, NULL, arena_cpu_sum(a, w->flat.use, 0) + b * es, n, 1);
+    for (int k = 1; k < a->ncpus; k++)
+      red_reduce(partial, r, NULL, k == 1 ? arena_cpu_sum(a, w->flat.use, 0) + b * es : r,
+                 arena_cpu_sum(a, w->flat.use, k) + b * es, n, k == a->ncpus - 1);
+    copy_out(stream, w->dst + (off + b) * es, r, n * es);
+  }
+  struct arena_cpu *c = &a->head->cpu[a->cpu];
+  arena_cpu_move(&c->ready, &c->ready_sleepers);
+}
+
+static void cpu_copy(struct work *w, const struct shm_arena *a) {
+  uint64_t off, len;
+  round_range(w, &off, &len);
+  copy_out(exec_streams_out(w), w->dst + off * w->esize, arena_cpu_result(a, w->flat.use, a->cpu), len * w->esize);
+}
+
 /* Whether rank r has not yet done what the work waits for: posted its
  * slot (whole reductions) or reached the barrier. */
 static int missing(const struct work *w, const struct shm_arena *a, int r) {
   if (w->flat.whole)
     return r != a->me && !arena_slot_posted(a, r, w->flat.use);
+  if (w->flat.state == FLAT_CPU_ADD) {
+    /* The first rank of this CPU whose data is not in the sum yet. */
+    if (a->cpu_of[r] != a->cpu || r >= a->me)
+      return 0;
+    uint64_t added = atomic_load_explicit(&a->head->cpu[a->cpu].added, memory_order_acquire);
+    uint64_t pos = 0;
+    for (int q = 0; q < r; q++)
+      pos += a->cpu_of[q] == a->cpu;
+    return added < cpu_turn(w, a) && added == w->flat.cpu_round * (uint64_t)a->cpu_ranks + pos;
+  }
+  if (w->flat.state == FLAT_CPU_COPY)
+    return r == a->cpu_leader && !cpu_result_ready(w, a);
   return atomic_load_explicit(&a->ranks[r].arrived, memory_order_acquire) <= w->flat.bar;
 }
 
 static int waiting(const struct work *w, const struct shm_arena *a) {
+  if (w->flat.state == FLAT_CPU_ADD)
+    return !cpu_my_turn(w, a);
+  if (w->flat.state == FLAT_CPU_COPY)
+    return !cpu_result_ready(w, a);
   if (!w->flat.whole)
     return !arena_passed(a, w->flat.bar);
   for (int r = 0; r < a->nranks; r++)
@@ -291,8 +423,13 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
   for (;;) {
     switch (w->flat.state) {
     case FLAT_WRITE:
-      write_round(w, a, &in);
-      w->flat.state = FLAT_REDUCE;
+      if (w->flat.by_cpu) {
+        cpu_begin(w, a);
+        w->flat.state = FLAT_CPU_ADD;
+      } else {
+        write_round(w, a, &in);
+        w->flat.state = FLAT_REDUCE;
+      }
       *moved = 1;
       break;
     case FLAT_REDUCE:
@@ -320,6 +457,33 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
       w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
       *moved = 1;
       break;
+    case FLAT_CPU_ADD:
+      if (waiting(w, a))
+        return arena_failed(comm);
+      CHECK(cpu_add(w, a, &in));
+      w->flat.state = FLAT_CPU_SUM;
+      *moved = 1;
+      break;
+    case FLAT_CPU_SUM:
+      if (!arena_passed(a, w->flat.bar))
+        return arena_failed(comm);
+      if (w->flat.round == 0)
+        CHECK(check_calls(w, a));
+      *moved = 1;
+      if (a->cpu_pos != 0) {
+        w->flat.state = FLAT_CPU_COPY;
+        break;
+      }
+      cpu_sum(w, a, &partial);
+      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      break;
+    case FLAT_CPU_COPY:
+      if (waiting(w, a))
+        return arena_failed(comm);
+      cpu_copy(w, a);
+      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      *moved = 1;
+      break;
     default:
       *moved = 1;
       *done = 1;
@@ -328,16 +492,28 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
   }
 }
 
+/* The states that wait for other ranks. */
+static int waits(int state) { return state != FLAT_WRITE && state != FLAT_DONE; }
+
 static int blocked(const struct work *w) {
   const struct shm_arena *a = w->comm->arena;
-  return a && (w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER) && waiting(w, a);
+  return a && waits(w->flat.state) && waiting(w, a);
 }
 
 int flat_sleep_target(const struct work *w, _Atomic uint64_t **counter, uint64_t *seen, _Atomic uint32_t **sleepers) {
   const struct shm_arena *a = w->comm->arena;
-  if (!a || !(w->flat.state == FLAT_REDUCE || w->flat.state == FLAT_GATHER))
+  if (!a || !waits(w->flat.state))
     return 0;
   struct arena_head *h = a->head;
+  if (w->flat.state == FLAT_CPU_ADD || w->flat.state == FLAT_CPU_COPY) {
+    struct arena_cpu *c = &h->cpu[a->cpu];
+    int add = w->flat.state == FLAT_CPU_ADD;
+    *counter = add ? &c->added : &c->ready;
+    *sleepers = add ? &c->added_sleepers : &c->ready_sleepers;
+    /* Read before the test: a move after it changes it. */
+    *seen = atomic_load(*counter);
+    return waiting(w, a);
+  }
   if (w->flat.whole) {
     /* Read before the slots: a post after it moves it. */
     uint64_t posted = atomic_load(&h->posted);
@@ -399,12 +575,19 @@ void flat_describe_wait(const struct work *w, char *buf, size_t len) {
   }
   char ranks[160];
   missing_list(w, ranks, sizeof ranks);
+  unsigned long long round = w->flat.round + 1, nrounds = w->flat.nrounds;
   if (w->flat.whole)
     snprintf(buf, len, "rank(s) %s to post their data in the shared-memory arena (flat whole reduction)", ranks);
+  else if (w->flat.state == FLAT_CPU_ADD)
+    snprintf(buf, len, "rank %s, before this rank on its CPU, to add its data to the CPU's sum in round %llu of %llu "
+             "(flat reduction by CPU)", ranks, round, nrounds);
+  else if (w->flat.state == FLAT_CPU_COPY)
+    snprintf(buf, len, "rank %s, the leader of this rank's CPU, to write the CPU's result of round %llu of %llu "
+             "(flat reduction by CPU)", ranks, round, nrounds);
   else
-    snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat slice reduction)",
-             ranks, w->flat.state == FLAT_REDUCE ? "before" : "after", (unsigned long long)w->flat.round + 1,
-             (unsigned long long)w->flat.nrounds);
+    snprintf(buf, len, "rank(s) %s to reach the shared-memory barrier %s round %llu of %llu (flat %s reduction)",
+             ranks, w->flat.state == FLAT_CPU_SUM ? "of" : w->flat.state == FLAT_REDUCE ? "before" : "after", round,
+             nrounds, w->flat.by_cpu ? "by CPU" : "slice");
 }
 
 ncclResult_t flat_check_crossed(const struct work *w) {
@@ -425,6 +608,10 @@ ncclResult_t flat_check_crossed(const struct work *w) {
       int seen = 0;
       if (arena_hdr_read(&x->call[p].flag, &x->call[p].hdr, &got) && got.seq == w->seq) {
         CHECK(slot_check_crossed(&want, &got, a->me, r));
+        /* By CPU, a rank waits for the rank before it on its CPU, which
+         * never adds where it goes by slices: only its header says so. */
+        if (w->flat.on && !w->flat.whole && (got.where == SLOT_BY_CPU) != w->flat.by_cpu)
+          return mode_mismatch(w, r, got.where == SLOT_BY_CPU);
         seen = 1;
       }
       if (arena_hdr_read(&x->slot[p].flag, &x->slot[p].hdr, &got) && got.seq == w->seq) {

@@ -52,6 +52,8 @@ struct work {
      * read its input there, write its output there. */
     int src_direct, dst_direct;
     int regions_out;    /* another rank reads results from the regions: write them there */
+    int by_cpu;         /* by CPU (shm_arena.h's arena_cpu) rather than by slices */
+    uint64_t cpu_round; /* by CPU: the arena's round by CPU that this round is */
   } flat;
   struct work *next;
   /* What the schedule was built for, when enqueue_single may reuse it

@@ -21,6 +21,8 @@ _Static_assert(sizeof(struct arena_rank) % 64 == 0, "a rank's part is whole cach
 _Static_assert(offsetof(struct arena_head, total) % 64 == 0, "the count has a line of its own");
 _Static_assert(offsetof(struct arena_head, gen) % 64 == 0, "the generation has a line of its own");
 _Static_assert(offsetof(struct arena_head, posted) % 64 == 0, "the posted count has a line of its own");
+_Static_assert(sizeof(struct arena_cpu) == 128 && offsetof(struct arena_cpu, ready) == 64,
+               "a CPU's two counters have a line each");
 _Static_assert(sizeof(struct arena_call) == 64 && offsetof(struct arena_rank, call) % 64 == 0,
                "a call's header has a line of its own");
 _Static_assert(sizeof(struct arena_slot) % 64 == 0 && offsetof(struct arena_rank, slot) % 64 == 0,
@@ -47,7 +49,7 @@ static size_t data_offset(int n) {
 /* What each rank says at setup: whether it wants the arena, and (rank 0)
  * where the segment is. */
 struct arena_rec {
-  int32_t want, ok, fd, pad;
+  int32_t want, ok, fd, by_cpu;
   uint64_t size, dev, ino;
 };
 
@@ -59,6 +61,55 @@ static void attach(struct shm_arena *a, void *map, size_t size, int n, int me) {
   a->region = region_bytes(n);
   a->nranks = n;
   a->me = me;
+}
+
+/* A flat call's round per CPU by CPU: the sum and result of 256 KiB
+ * measured faster at 8 ranks on 2 CPUs than 64 KiB, 128 KiB or 1 MiB
+ * (perf/README.md). */
+#define CPU_ROUND ((size_t)256 << 10)
+
+/* Flat by CPU where every rank is pinned to one CPU, at most
+ * ARENA_MAX_CPUS of them, each with two ranks or more: from the
+ * affinities every rank has of every rank, so all decide alike. */
+static void cpu_groups(struct shm_arena *a, const struct ncclComm *comm) {
+  int n = a->nranks, ncpus = 0, of[ARENA_MAX_RANKS], count[ARENA_MAX_CPUS] = {0}, first[ARENA_MAX_CPUS];
+  for (int r = 0; r < n; r++) {
+    const struct place_cpus *c = &comm->peers[r].cpus;
+    if (place_cpu_count(c) != 1)
+      return;
+    int k = 0;
+    while (k < ncpus && memcmp(c, &comm->peers[first[k]].cpus, sizeof *c) != 0)
+      k++;
+    if (k == ncpus) {
+      if (ncpus == ARENA_MAX_CPUS)
+        return;
+      first[ncpus++] = r;
+    }
+    of[r] = k;
+    count[k]++;
+  }
+  for (int k = 0; k < ncpus; k++)
+    if (count[k] < 2)
+      return;
+  int me = a->me;
+  memcpy(a->cpu_of, of, (size_t)n * sizeof of[0]);
+  a->cpu = of[me];
+  a->cpu_ranks = count[of[me]];
+  a->cpu_leader = first[of[me]];
+  a->cpu_prev = -1;
+  a->cpu_pos = 0;
+  for (int r = 0; r < me; r++)
+    if (of[r] == of[me]) {
+      a->cpu_prev = r;
+      a->cpu_pos++;
+    }
+  /* Two buffers of a sum and a result per CPU, in the regions' space. */
+  size_t room = 2 * (size_t)n * a->region / (4 * (size_t)ncpus);
+  a->cpu_round = LOOM_MIN(CPU_ROUND, room) & ~(size_t)4095;
+  a->ncpus = ncpus;
+  INFO(LOG_SHM, "rank %d: flat AllReduces go by CPU: %d ranks pinned to %d CPUs, this rank %d of %d on its CPU "
+       "(rank %d leads it), rounds of %zu bytes", me, n, ncpus, a->cpu_pos + 1, a->cpu_ranks, a->cpu_leader,
+       a->cpu_round);
 }
 
 static int same_file(int fd, const void *arg) {
@@ -120,6 +171,7 @@ ncclResult_t arena_setup(struct ncclComm *comm) {
   CHECK(UTIL_CALLOC(&recs, (size_t)n, "the arena's setup"));
   struct arena_rec *mine = &recs[me];
   mine->want = param_int(P_SHM_FLAT) != 0;
+  mine->by_cpu = param_int(P_FLAT_BY_CPU) != 0;
   mine->fd = -1;
   size_t size = data_offset(n) + 2 * (size_t)n * region_bytes(n);
   void *map = NULL;
@@ -139,7 +191,8 @@ ncclResult_t arena_setup(struct ncclComm *comm) {
       h->nranks = (uint32_t)n;
       h->region = region_bytes(n);
       h->magic = ARENA_MAGIC;
-      *mine = (struct arena_rec){.want = 1, .ok = 1, .fd = fd, .size = size, .dev = st.st_dev, .ino = st.st_ino};
+      *mine = (struct arena_rec){.want = 1, .ok = 1, .fd = fd, .by_cpu = mine->by_cpu, .size = size,
+                                 .dev = st.st_dev, .ino = st.st_ino};
     }
     if (!mine->ok) {
       if (map)
@@ -177,6 +230,11 @@ ncclResult_t arena_setup(struct ncclComm *comm) {
     }
     if (a) {
       attach(a, map, recs[0].size, n, me);
+      int by_cpu = 1;
+      for (int q = 0; q < n; q++)
+        by_cpu &= recs[q].by_cpu != 0;
+      if (by_cpu)
+        cpu_groups(a, comm);
       comm->arena = a;
       INFO(LOG_SHM, "rank %d: the %d ranks share an arena of %zu bytes (%zu per rank and buffer) for flat "
            "collectives", me, n, a->map_size, a->region);
@@ -219,7 +277,19 @@ void arena_poison(struct ncclComm *comm, const char *why) {
     /* Moving nothing: sleepers wake and read failed. */
     util_futex_wake_all(util_low_word(&a->head->gen));
     util_futex_wake_all(util_low_word(&a->head->posted));
+    for (int k = 0; k < ARENA_MAX_CPUS; k++) {
+      util_futex_wake_all(util_low_word(&a->head->cpu[k].added));
+      util_futex_wake_all(util_low_word(&a->head->cpu[k].ready));
+    }
   }
+}
+
+void arena_cpu_move(_Atomic uint64_t *counter, _Atomic uint32_t *sleepers) {
+  /* As arena_arrive: the move, then the count of sleepers (both
+   * sequentially consistent), against a sleeper's count, then its read. */
+  atomic_fetch_add(counter, 1);
+  if (atomic_load(sleepers))
+    util_futex_wake_all(util_low_word(counter));
 }
 
 uint64_t arena_arrive(struct shm_arena *a) {

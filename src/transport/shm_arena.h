@@ -24,6 +24,10 @@ struct ncclComm;
 /* A barrier of more ranks than this costs more than a tree's steps. */
 #define ARENA_MAX_RANKS 64
 
+/* Flat by CPU (exec/flat.c) for ranks pinned to at most this many CPUs:
+ * each CPU's leader reads every CPU's sum. */
+#define ARENA_MAX_CPUS 4
+
 /* A small call's data posted with its header and a flag, so that a peer
  * reads all three in the cache lines it polls, with no shared count. */
 #define ARENA_SLOT_DATA 4096
@@ -84,6 +88,20 @@ static inline int arena_hdr_read(_Atomic uint64_t *flag, const volatile struct s
   return f1 != 0 && atomic_load_explicit(flag, memory_order_relaxed) == f1;
 }
 
+/* One CPU's ranks in a flat call by CPU: each round they add their data
+ * to the CPU's sum in rank order, and after the barrier the CPU's leader
+ * adds up the CPUs' sums into the CPU's result, which the others copy. */
+struct arena_cpu {
+  _Atomic uint64_t added;          /* data added to the sum, all rounds (futex on its low word) */
+  _Atomic uint32_t added_sleepers;
+  uint32_t pad0;
+  uint64_t pad1[6];
+  _Atomic uint64_t ready;          /* rounds whose result is written (futex on its low word) */
+  _Atomic uint32_t ready_sleepers;
+  uint32_t pad2;
+  uint64_t pad3[6];
+};
+
 struct arena_head {
   uint64_t magic;
   uint32_t nranks, pad0;
@@ -97,6 +115,7 @@ struct arena_head {
   _Alignas(64) _Atomic uint64_t posted; /* slots posted, all ranks together (futex on its low word) */
   _Atomic uint32_t posted_sleepers;
   char why[1024];             /* that rank's sentence ("" for an abort) */
+  _Alignas(64) struct arena_cpu cpu[ARENA_MAX_CPUS];
 };
 
 /* A rank's view of the arena; the counters are its own, moved alike by
@@ -115,7 +134,29 @@ struct shm_arena {
   const char **peer_src;
   char **peer_dst;
   int said_direct; /* the log told the first call that found some */
+  /* Flat by CPU, where every rank is pinned to one of at most
+   * ARENA_MAX_CPUS CPUs that other ranks share: ncpus of them (0: not
+   * by CPU), this rank's CPU (its index among them, by first rank) and
+   * place on it, the rank before it there (-1: the first, its leader),
+   * the ranks on its CPU, its leader, the bytes of a round per CPU, and
+   * the rounds done by CPU (alike on every rank). */
+  int ncpus, cpu, cpu_pos, cpu_prev, cpu_ranks, cpu_leader;
+  int cpu_of[ARENA_MAX_RANKS]; /* each rank's CPU, by index */
+  size_t cpu_round;
+  uint64_t cpu_rounds;
 };
+
+/* A CPU's sum and result buffers of round `use`, by CPU. */
+static inline char *arena_cpu_sum(const struct shm_arena *a, uint64_t use, int cpu) {
+  return a->data + ((use & 1) * 2 * (size_t)a->ncpus + (size_t)cpu) * a->cpu_round;
+}
+
+static inline char *arena_cpu_result(const struct shm_arena *a, uint64_t use, int cpu) {
+  return a->data + ((use & 1) * 2 * (size_t)a->ncpus + (size_t)a->ncpus + (size_t)cpu) * a->cpu_round;
+}
+
+/* Moves a CPU's counter (added or ready) on and wakes its sleepers. */
+void arena_cpu_move(_Atomic uint64_t *counter, _Atomic uint32_t *sleepers);
 
 /* Sets up comm->arena where every rank is on one host, a host
  * communicator, shared memory allowed and LOOM_SHM_FLAT on every rank:

@@ -25,8 +25,9 @@ struct slot_hdr {
 /* Where a slot's payload is. By reference (single copy between host
  * processes), the slot holds a struct slot_ref and the payload stays in
  * the sender's buffer until the receiver has read it and released the
- * slot. */
-enum slot_where { SLOT_INLINE = 0, SLOT_BY_REF = 1 };
+ * slot. SLOT_BY_CPU marks a flat call's header in the arena whose data
+ * goes into its CPU's sum rather than its rank's region (exec/flat.c). */
+enum slot_where { SLOT_INLINE = 0, SLOT_BY_REF = 1, SLOT_BY_CPU = 2 };
 struct slot_ref {
   uint64_t addr; /* in the sender's address space */
 };
