@@ -36,6 +36,7 @@ struct layout {
   int plain_rank;   /* this rank passes plain memory; -1: none */
   int plain_send;   /* only the send buffer is plain memory, on every rank */
   int threads;      /* ranks as threads: one log for all, not read */
+  int plain_all;    /* every rank passes plain memory */
 };
 
 struct bufs {
@@ -68,7 +69,7 @@ static int bufs_free(ncclComm_t comm, struct bufs *b) {
 /* One call and its check. In place uses the receive window. */
 static int one_call(ncclComm_t comm, int rank, int n, const struct layout *L, struct bufs *b, size_t count,
                     int in_place, ncclRedOp_t op, int premul) {
-  int plain = L->plain_rank == rank;
+  int plain = L->plain_all || L->plain_rank == rank;
   /* Offsets that are not the windows' starts, and differ between the
    * two buffers, so that nobody assumes a window's first byte. */
   float *send = plain ? b->plain[0] : (float *)(b->win[0] + 4096 + 4);
@@ -227,4 +228,37 @@ TEST_IMPL(flat_cpu_win_crossed) {
   setenv("LOOM_TIMEOUT", "20", 1);
   harness_set_rank_setup(pin_setup);
   return run_ranks(4, crossed_rank, NULL);
+}
+
+/* Pinned 4 ranks, calls in symmetric windows (by slices, in place in
+ * the buffers) and in plain memory (by CPU) one after another: a round
+ * by CPU must not write where a slower rank still reads the last round
+ * by slices, nor the other way round. */
+static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  (void)arg;
+  static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1};
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  struct bufs b;
+  if (bufs_make(comm, rank, &sym, &b))
+    return 1;
+  for (int k = 0; k < 24; k++) {
+    size_t count = k % 4 < 2 ? BIG : 70001;
+    if (one_call(comm, rank, n, k % 2 ? &plain : &sym, &b, count, k % 3 == 0, ncclSum, 0))
+      return 1;
+  }
+  if (bufs_free(comm, &b))
+    return 1;
+  RCHECK(comm, ncclCommDestroy(comm));
+  int cpu = harness_rank_log_count("flatwin", "go by CPU"), direct = harness_rank_log_count("flatwin", "in windows");
+  harness_rank_log_remove("flatwin");
+  RASSERT(cpu == 1 && direct == 1, "rank %d: the log says by CPU %d time(s), in windows %d time(s), not once each",
+          rank, cpu, direct);
+  return 0;
+}
+
+TEST_IMPL(flat_cpu_win_alternate) {
+  win_log();
+  harness_set_rank_setup(pin_setup);
+  return run_ranks(4, alternate_rank, NULL);
 }

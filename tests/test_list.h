@@ -122,6 +122,7 @@ TEST(flat_win_plain_send, 120)
 TEST(flat_win_threads, 120)
 TEST(flat_win_crossed, 60)
 TEST(flat_cpu_win_crossed, 60)
+TEST(flat_cpu_win_alternate, 120)
 /* The hang report (test_status.c). */
 TEST(status_names_absent_rank, 60)
 TEST(status_names_stopped_rank, 60)

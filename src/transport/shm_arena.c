@@ -103,8 +103,8 @@ static void cpu_groups(struct shm_arena *a, const struct ncclComm *comm) {
       a->cpu_prev = r;
       a->cpu_pos++;
     }
-  /* Two buffers of a sum and a result per CPU, in the regions' space. */
-  size_t room = 2 * (size_t)n * a->region / (4 * (size_t)ncpus);
+  /* A sum and a result per CPU in each buffer's regions. */
+  size_t room = (size_t)n * a->region / (2 * (size_t)ncpus);
   a->cpu_round = LOOM_MIN(CPU_ROUND, room) & ~(size_t)4095;
   a->ncpus = ncpus;
   INFO(LOG_SHM, "rank %d: flat AllReduces go by CPU: %d ranks pinned to %d CPUs, this rank %d of %d on its CPU "

@@ -146,13 +146,16 @@ struct shm_arena {
   uint64_t cpu_rounds;
 };
 
-/* A CPU's sum and result buffers of round `use`, by CPU. */
+/* A CPU's sum and result buffers of round `use`, by CPU: in the space
+ * of that round's regions (arena_region), so that a round by CPU after
+ * one by slices (buffers in symmetric windows) never writes where the
+ * ranks may still read the last round's regions. */
 static inline char *arena_cpu_sum(const struct shm_arena *a, uint64_t use, int cpu) {
-  return a->data + ((use & 1) * 2 * (size_t)a->ncpus + (size_t)cpu) * a->cpu_round;
+  return a->data + (use & 1) * (size_t)a->nranks * a->region + (size_t)cpu * a->cpu_round;
 }
 
 static inline char *arena_cpu_result(const struct shm_arena *a, uint64_t use, int cpu) {
-  return a->data + ((use & 1) * 2 * (size_t)a->ncpus + (size_t)a->ncpus + (size_t)cpu) * a->cpu_round;
+  return a->data + (use & 1) * (size_t)a->nranks * a->region + ((size_t)a->ncpus + (size_t)cpu) * a->cpu_round;
 }
 
 /* Moves a CPU's counter (added or ready) on and wakes its sleepers. */
