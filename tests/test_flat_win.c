@@ -230,10 +230,12 @@ TEST_IMPL(flat_cpu_win_crossed) {
   return run_ranks(4, crossed_rank, NULL);
 }
 
-/* Pinned 4 ranks, calls in symmetric windows (by slices, in place in
- * the buffers) and in plain memory (by CPU) one after another: a round
- * by CPU must not write where a slower rank still reads the last round
- * by slices, nor the other way round. */
+/* Pinned 4 ranks, calls in symmetric windows (by slices) and in plain
+ * memory (by CPU) one after another: a round by CPU must not write where
+ * a slower rank still reads the last round by slices, nor the other way
+ * round. The calls in windows are PreMulSums every other time, whose
+ * inputs each rank scales into its region, so that the regions are in
+ * use by slices too. */
 static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1};
@@ -244,7 +246,7 @@ static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
     return 1;
   for (int k = 0; k < 24; k++) {
     size_t count = k % 4 < 2 ? BIG : 70001;
-    if (one_call(comm, rank, n, k % 2 ? &plain : &sym, &b, count, k % 3 == 0, ncclSum, 0))
+    if (one_call(comm, rank, n, k % 2 ? &plain : &sym, &b, count, k % 3 == 0, ncclSum, k % 4 == 2))
       return 1;
   }
   if (bufs_free(comm, &b))
