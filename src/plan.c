@@ -219,9 +219,12 @@ static ncclResult_t plan_flat(struct comm_plan *p, struct task *t, uint64_t seq)
   size_t bytes = t->count * w->esize, align = LOOM_MAX((size_t)1, 64 / w->esize);
   w->flat.on = 1;
   w->flat.whole = bytes <= FLAT_WHOLE_MAX;
-  /* Buffers in symmetric windows are read and written in place by
-   * slices, which moves each byte once: faster than any copy. */
-  w->flat.by_cpu = !w->flat.whole && comm->arena->ncpus > 0 && !plan_symmetric(comm, t);
+  /* Where windows that every rank maps are registered, by slices, which
+   * reads and writes buffers that lie in them in place (each byte moved
+   * once, faster than any copy) and copies the others: whether they are
+   * is the same on every rank (comm_mem.c's win_direct agrees on it),
+   * while where each rank's buffers lie is not. */
+  w->flat.by_cpu = !w->flat.whole && comm->arena->ncpus > 0 && !comm->direct_wins;
   size_t round = w->flat.by_cpu ? comm->arena->cpu_round : comm->arena->region;
   w->flat.per_round = w->flat.whole ? t->count : round / w->esize / align * align;
   w->flat.nrounds = (t->count + w->flat.per_round - 1) / w->flat.per_round;

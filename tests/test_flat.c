@@ -28,7 +28,7 @@ static int log_count(const char *want) { return harness_rank_log_count("flat", w
 
 static void log_remove(void) { harness_rank_log_remove("flat"); }
 
-/* arg: whether the ranks are pinned, and so go by CPU. */
+/* arg: whether the ranks are pinned to one CPU each, and so go by CPU. */
 static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
   int by_cpu = arg != NULL;
   ncclComm_t comm;
@@ -59,7 +59,10 @@ static int matrix_test(int n, int pinned) {
   flat_log();
   if (pinned)
     harness_set_rank_setup(pin_setup);
-  return run_ranks(n, matrix_rank, pinned ? (void *)1 : NULL);
+  /* Where this process may run on one CPU only, so may every rank: they
+   * are pinned to it all the same. */
+  int by_cpu = pinned || harness_pin_cpus() == 1;
+  return run_ranks(n, matrix_rank, by_cpu ? (void *)1 : NULL);
 }
 
 TEST_IMPL(flat_shm_2) { return matrix_test(2, 0); }

@@ -215,42 +215,46 @@ TEST_IMPL(flat_win_crossed) {
   return run_ranks(2, crossed_rank, NULL);
 }
 
-/* Pinned 4 ranks (harness_pin), which go by CPU where their buffers are
- * not in symmetric windows: rank 0's are, so it goes by slices, and rank
- * 2, after it on their CPU, would wait for it to add to the CPU's sum.
- * Every rank is told from the arena's headers instead. */
+/* Pinned 4 ranks: calls by CPU while no window is registered, and by
+ * slices in symmetric windows between registering and deregistering
+ * them, one after another. A round by CPU must not write where a slower
+ * rank still reads the last round by slices, nor the other way round.
+ * The calls in windows are PreMulSums every other time, whose inputs
+ * each rank scales into its region, so that the regions are in use by
+ * slices too. */
 static int pin_setup(int rank, void *arg) {
   (void)arg;
   return harness_pin(rank);
 }
 
-TEST_IMPL(flat_cpu_win_crossed) {
-  setenv("LOOM_TIMEOUT", "20", 1);
-  harness_set_rank_setup(pin_setup);
-  return run_ranks(4, crossed_rank, NULL);
-}
-
-/* Pinned 4 ranks, calls in symmetric windows (by slices) and in plain
- * memory (by CPU) one after another: a round by CPU must not write where
- * a slower rank still reads the last round by slices, nor the other way
- * round. The calls in windows are PreMulSums every other time, whose
- * inputs each rank scales into its region, so that the regions are in
- * use by slices too. */
 static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1};
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  size_t bytes = (size_t)BIG * sizeof(float) + 8192;
   struct bufs b;
-  if (bufs_make(comm, rank, &sym, &b))
-    return 1;
-  for (int k = 0; k < 24; k++) {
-    size_t count = k % 4 < 2 ? BIG : 70001;
-    if (one_call(comm, rank, n, k % 2 ? &plain : &sym, &b, count, k % 3 == 0, ncclSum, k % 4 == 2))
-      return 1;
+  memset(&b, 0, sizeof b);
+  for (int k = 0; k < 2; k++) {
+    RCHECK(comm, ncclMemAlloc((void **)&b.win[k], bytes));
+    b.plain[k] = malloc(bytes);
+    RASSERT(b.plain[k] != NULL, "rank %d: out of memory", rank);
   }
-  if (bufs_free(comm, &b))
-    return 1;
+  for (int k = 0; k < 12; k++) {
+    size_t count = k % 4 < 2 ? BIG : 70001;
+    if (one_call(comm, rank, n, &plain, &b, count, k % 3 == 0, ncclSum, 0))
+      return 1;
+    for (int j = 0; j < 2; j++)
+      RCHECK(comm, ncclCommWindowRegister(comm, b.win[j], bytes, &b.w[j], NCCL_WIN_COLL_SYMMETRIC));
+    if (one_call(comm, rank, n, &sym, &b, k % 3 == 1 ? 70001 : BIG, k % 2 == 0, ncclSum, k % 2))
+      return 1;
+    for (int j = 0; j < 2; j++)
+      RCHECK(comm, ncclCommWindowDeregister(comm, b.w[j]));
+  }
+  for (int k = 0; k < 2; k++) {
+    RCHECK(comm, ncclMemFree(b.win[k]));
+    free(b.plain[k]);
+  }
   RCHECK(comm, ncclCommDestroy(comm));
   int cpu = harness_rank_log_count("flatwin", "go by CPU"), direct = harness_rank_log_count("flatwin", "in windows");
   harness_rank_log_remove("flatwin");

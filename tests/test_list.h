@@ -121,7 +121,6 @@ TEST(flat_win_mixed, 120)
 TEST(flat_win_plain_send, 120)
 TEST(flat_win_threads, 120)
 TEST(flat_win_crossed, 60)
-TEST(flat_cpu_win_crossed, 60)
 TEST(flat_cpu_win_alternate, 120)
 /* The hang report (test_status.c). */
 TEST(status_names_absent_rank, 60)

@@ -87,13 +87,14 @@ static void write_input(const struct work *w, const struct red_op *op, char *to,
 }
 
 /* Ranks whose calls match but that go about it differently: by CPU and
- * by slices. Only buffers in symmetric windows on some ranks but not
- * others make them differ (every rank decides from the same pinning). */
+ * by slices. Every rank decides from the same pinning and the same
+ * windows, so only a rank that failed to register a window the others
+ * have (out of memory) makes them differ. */
 static ncclResult_t mode_mismatch(const struct work *w, int r, int theirs_by_cpu) {
   return err_set(ncclInvalidUsage,
                  "rank %d runs flat AllReduce #%llu %s and rank %d %s: the ranks chose differently for one call. "
-                 "Buffers in windows registered with NCCL_WIN_COLL_SYMMETRIC go by slices, so every rank must pass "
-                 "such buffers to it, or none",
+                 "Communicators with windows that every rank maps go by slices, so every rank must have "
+                 "registered the same windows",
                  w->comm->rank, (unsigned long long)w->seq, w->flat.by_cpu ? "by CPU" : "by slices", r,
                  theirs_by_cpu ? "by CPU" : "by slices");
 }

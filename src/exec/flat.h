@@ -12,7 +12,8 @@
  * buffer lies in a window every rank maps (comm->direct_wins) skips the
  * copies: the others read its input and write its output in place.
  * Where every rank is pinned to one of a few CPUs that it shares with
- * other ranks (shm_arena.h's ncpus), the larger ones go by CPU instead:
+ * other ranks (shm_arena.h's ncpus), and no window is registered, the
+ * larger ones go by CPU instead:
  * the ranks of a CPU add their data into the CPU's sum in rank order,
  * and after one barrier per round each CPU's leader adds up the CPUs'
  * sums into the CPU's result, which its other ranks copy.
