@@ -263,9 +263,9 @@ static ncclResult_t run(struct comm_plan *plans, int n) {
 }
 
 /* The shape of a call, as far as its schedule and connections go. */
-static int key_matches(const struct work *w, const struct task *t, int symmetric) {
+static int key_matches(const struct work *w, const struct task *t, int symmetric, int wins) {
   return w->key.coll == (int)t->coll + 1 && w->key.count == t->count && w->key.dtype == t->dtype &&
-         w->key.root == t->root && w->key.symmetric == symmetric;
+         w->key.root == t->root && w->key.symmetric == symmetric && w->key.wins == wins;
 }
 
 /* Small collectives are most of a training step's calls, and their
@@ -297,12 +297,16 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
   /* Calls of a few shapes in turn (a training step's) find theirs among
    * the last works freed. */
   struct work *w = comm->free_works, **link = &comm->free_works;
-  int symmetric = plan_symmetric(comm, t);
-  for (int k = 0; w && k < PLAN_KEPT_SHAPES && !key_matches(w, t, symmetric); k++) {
+  /* A work planned before windows were registered, or after they were
+   * all deregistered, would go by CPU where the others now go by slices
+   * (plan_flat), or the other way round: a rank that plans afresh (a
+   * call in a group) must choose as one that takes its work back. */
+  int symmetric = plan_symmetric(comm, t), wins = comm->direct_wins != NULL;
+  for (int k = 0; w && k < PLAN_KEPT_SHAPES && !key_matches(w, t, symmetric, wins); k++) {
     link = &w->next;
     w = w->next;
   }
-  int hit = w && key_matches(w, t, symmetric);
+  int hit = w && key_matches(w, t, symmetric, wins);
   int algo = ALGO_RING, nch = 1;
   if (!hit && comm->nranks > 1 && t->count > 0) {
     CHECK(plan_pick_algo(comm, t, &algo, &nch));
@@ -340,6 +344,7 @@ ncclResult_t enqueue_single(struct ncclComm *comm, struct task *t, int *handled)
       lane.head->key.dtype = t->dtype;
       lane.head->key.root = t->root;
       lane.head->key.symmetric = symmetric;
+      lane.head->key.wins = wins;
       r = transport_connect_pending(&comm, 1);
     }
   }

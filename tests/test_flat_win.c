@@ -37,6 +37,7 @@ struct layout {
   int plain_send;   /* only the send buffer is plain memory, on every rank */
   int threads;      /* ranks as threads: one log for all, not read */
   int plain_all;    /* every rank passes plain memory */
+  int group_rank;   /* this rank makes the call in a group of its own (plans it afresh); 0: none */
 };
 
 struct bufs {
@@ -86,7 +87,12 @@ static int one_call(ncclComm_t comm, int rank, int n, const struct layout *L, st
     float scale = (float)(rank + 1);
     RCHECK(comm, ncclRedOpCreatePreMulSum(&use, &scale, ncclFloat, ncclScalarHostImmediate, comm));
   }
+  int group = L->group_rank != 0 && L->group_rank == rank;
+  if (group)
+    RCHECK(comm, ncclGroupStart());
   RCHECK(comm, ncclAllReduce(send, recv, count, ncclFloat, use, comm, NULL));
+  if (group)
+    RCHECK(comm, ncclGroupEnd());
   if (premul)
     RCHECK(comm, ncclRedOpDestroy(use, comm));
   for (size_t i = 0; i < count; i++) {
@@ -221,7 +227,10 @@ TEST_IMPL(flat_win_crossed) {
  * rank still reads the last round by slices, nor the other way round.
  * The calls in windows are PreMulSums every other time, whose inputs
  * each rank scales into its region, so that the regions are in use by
- * slices too. */
+ * slices too. With windows registered, a call in plain memory of the
+ * shape just made by CPU goes by slices too, whether a rank takes its
+ * work back (enqueue_single) or, as rank 2 does in a group, plans it
+ * afresh. */
 static int pin_setup(int rank, void *arg) {
   (void)arg;
   return harness_pin(rank);
@@ -229,7 +238,8 @@ static int pin_setup(int rank, void *arg) {
 
 static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
-  static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1};
+  static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1},
+                       plain_group = {.sym = 1, .plain_rank = -1, .plain_all = 1, .group_rank = 2};
   ncclComm_t comm;
   RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
   size_t bytes = (size_t)BIG * sizeof(float) + 8192;
@@ -246,7 +256,8 @@ static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
       return 1;
     for (int j = 0; j < 2; j++)
       RCHECK(comm, ncclCommWindowRegister(comm, b.win[j], bytes, &b.w[j], NCCL_WIN_COLL_SYMMETRIC));
-    if (one_call(comm, rank, n, &sym, &b, k % 3 == 1 ? 70001 : BIG, k % 2 == 0, ncclSum, k % 2))
+    if (one_call(comm, rank, n, &plain_group, &b, count, k % 3 == 0, ncclSum, 0) ||
+        one_call(comm, rank, n, &sym, &b, k % 3 == 1 ? 70001 : BIG, k % 2 == 0, ncclSum, k % 2))
       return 1;
     for (int j = 0; j < 2; j++)
       RCHECK(comm, ncclCommWindowDeregister(comm, b.w[j]));

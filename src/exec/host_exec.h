@@ -61,6 +61,7 @@ struct work {
   struct {
     int coll, dtype, root;
     int symmetric; /* plan_symmetric: the buffers chose the algorithm */
+    int wins;      /* windows every rank maps existed: a flat call went by slices, not by CPU (plan_flat) */
     size_t count;
   } key;
 };
