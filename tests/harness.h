@@ -22,6 +22,8 @@ void harness_set_rank_setup(int (*setup)(int rank, void *arg));
  * on two: the (rank mod k)-th of the first k = min(2, available) CPUs of
  * its affinity. Returns 0, or 1 if the kernel refused. */
 int harness_pin(int rank);
+/* harness_pin as a rank setup (harness_set_rank_setup). */
+int harness_pin_setup(int rank, void *arg);
 /* How many CPUs harness_pin spreads ranks over (1 or 2). */
 int harness_pin_cpus(void);
 

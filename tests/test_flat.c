@@ -48,17 +48,12 @@ static int matrix_rank(int rank, int n, ncclUniqueId id, void *arg) {
   return 0;
 }
 
-static int pin_setup(int rank, void *arg) {
-  (void)arg;
-  return harness_pin(rank);
-}
-
 static int matrix_test(int n, int pinned) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TEST_ALLREDUCE_ONLY", "1", 1);
   flat_log();
   if (pinned)
-    harness_set_rank_setup(pin_setup);
+    harness_set_rank_setup(harness_pin_setup);
   /* Where this process may run on one CPU only, so may every rank: they
    * are pinned to it all the same. */
   int by_cpu = pinned || harness_pin_cpus() == 1;
@@ -154,7 +149,7 @@ static int mismatch_test(const char *what, int pinned) {
   setenv("NCCL_ALGO", "allreduce:flat", 1);
   setenv("LOOM_TIMEOUT", "20", 1);
   if (pinned)
-    harness_set_rank_setup(pin_setup);
+    harness_set_rank_setup(harness_pin_setup);
   /* Pinned, 4 ranks: rank 1 leads its CPU, and rank 3 adds after it. */
   return run_ranks(pinned ? 4 : 3, mismatch_rank, (void *)what);
 }
@@ -212,7 +207,7 @@ TEST_IMPL(flat_off_on_one_rank) {
 static int cpu_off_setup(int rank, void *arg) {
   if (rank == 2)
     setenv("LOOM_FLAT_BY_CPU", "0", 1);
-  return pin_setup(rank, arg);
+  return harness_pin_setup(rank, arg);
 }
 
 static int cpu_off_rank(int rank, int n, ncclUniqueId id, void *arg) {

@@ -231,11 +231,6 @@ TEST_IMPL(flat_win_crossed) {
  * shape just made by CPU goes by slices too, whether a rank takes its
  * work back (enqueue_single) or, as rank 2 does in a group, plans it
  * afresh. */
-static int pin_setup(int rank, void *arg) {
-  (void)arg;
-  return harness_pin(rank);
-}
-
 static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
   (void)arg;
   static struct layout sym = {.sym = 1, .plain_rank = -1}, plain = {.sym = 1, .plain_rank = -1, .plain_all = 1},
@@ -276,6 +271,6 @@ static int alternate_rank(int rank, int n, ncclUniqueId id, void *arg) {
 
 TEST_IMPL(flat_cpu_win_alternate) {
   win_log();
-  harness_set_rank_setup(pin_setup);
+  harness_set_rank_setup(harness_pin_setup);
   return run_ranks(4, alternate_rank, NULL);
 }

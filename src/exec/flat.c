@@ -189,6 +189,19 @@ static ncclResult_t find_buffers(struct work *w, struct shm_arena *a) {
   return ncclSuccess;
 }
 
+/* Round 0: this rank's call header, with where its buffers lie (by CPU
+ * there are no windows, so none) and which way it goes. */
+static void post_call(struct work *w, struct shm_arena *a, const struct red_op *in) {
+  w->flat.use0 = w->flat.use;
+  struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
+  arena_hdr_begin(&c->flag);
+  slot_mine(w->task, w->seq, a->me, &c->hdr);
+  c->hdr.bytes = 0;
+  c->hdr.where = w->flat.by_cpu ? SLOT_BY_CPU : SLOT_INLINE;
+  place_buffers(w, c, in);
+  arena_hdr_end(&c->flag, w->flat.use);
+}
+
 static void write_round(struct work *w, struct shm_arena *a, const struct red_op *in) {
   uint64_t off, len, lo, hi;
   round_range(w, &off, &len);
@@ -204,16 +217,8 @@ static void write_round(struct work *w, struct shm_arena *a, const struct red_op
     arena_post(a, w->flat.use);
     return;
   }
-  if (w->flat.round == 0) {
-    w->flat.use0 = w->flat.use;
-    struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
-    arena_hdr_begin(&c->flag);
-    slot_mine(w->task, w->seq, a->me, &c->hdr);
-    c->hdr.bytes = 0;
-    c->hdr.where = SLOT_INLINE;
-    place_buffers(w, c, in);
-    arena_hdr_end(&c->flag, w->flat.use);
-  }
+  if (w->flat.round == 0)
+    post_call(w, a, in);
   /* This rank's own slice it reads from its input; the others read the
    * rest in place where it lies in a window. */
   slice_of(w, len, a->me, &lo, &hi);
@@ -299,21 +304,11 @@ static void gather_slices(struct work *w, const struct shm_arena *a) {
  * every rank's input into a region of its own, read by another rank on
  * either CPU, is gone. The ranks of a CPU add in rank order, so the
  * result is the same on every rank and every run. */
-static void cpu_begin(struct work *w, struct shm_arena *a) {
+static void cpu_begin(struct work *w, struct shm_arena *a, const struct red_op *in) {
   w->flat.use = a->use++;
   w->flat.cpu_round = a->cpu_rounds++;
-  if (w->flat.round != 0)
-    return;
-  w->flat.use0 = w->flat.use;
-  w->flat.src_direct = w->flat.dst_direct = 0;
-  struct arena_call *c = &a->ranks[a->me].call[w->flat.use & 1];
-  arena_hdr_begin(&c->flag);
-  slot_mine(w->task, w->seq, a->me, &c->hdr);
-  c->hdr.bytes = 0;
-  c->hdr.where = SLOT_BY_CPU;
-  c->src_win = c->dst_win = 0;
-  c->src_off = c->dst_off = 0;
-  arena_hdr_end(&c->flag, w->flat.use);
+  if (w->flat.round == 0)
+    post_call(w, a, in);
 }
 
 /* The sum's count once every rank before this one on its CPU has added
@@ -411,6 +406,9 @@ static int waiting(const struct work *w, const struct shm_arena *a) {
   return 0;
 }
 
+/* The round done: the next one, or the end of the call. */
+static void next_round(struct work *w) { w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE; }
+
 ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
   struct ncclComm *comm = w->comm;
   struct shm_arena *a = comm->arena;
@@ -425,7 +423,7 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
     switch (w->flat.state) {
     case FLAT_WRITE:
       if (w->flat.by_cpu) {
-        cpu_begin(w, a);
+        cpu_begin(w, a, &in);
         w->flat.state = FLAT_CPU_ADD;
       } else {
         write_round(w, a, &in);
@@ -455,7 +453,7 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
       if (waiting(w, a))
         return arena_failed(comm);
       gather_slices(w, a);
-      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      next_round(w);
       *moved = 1;
       break;
     case FLAT_CPU_ADD:
@@ -466,7 +464,7 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
       *moved = 1;
       break;
     case FLAT_CPU_SUM:
-      if (!arena_passed(a, w->flat.bar))
+      if (waiting(w, a))
         return arena_failed(comm);
       if (w->flat.round == 0)
         CHECK(check_calls(w, a));
@@ -476,13 +474,13 @@ ncclResult_t flat_progress(struct work *w, int *moved, int *done) {
         break;
       }
       cpu_sum(w, a, &partial);
-      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      next_round(w);
       break;
     case FLAT_CPU_COPY:
       if (waiting(w, a))
         return arena_failed(comm);
       cpu_copy(w, a);
-      w->flat.state = ++w->flat.round < w->flat.nrounds ? FLAT_WRITE : FLAT_DONE;
+      next_round(w);
       *moved = 1;
       break;
     default:

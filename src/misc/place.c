@@ -76,7 +76,7 @@ int place_cpu_count(const struct place_cpus *c) {
 int place_crowded(const struct place_cpus *const *set, int n, int who) {
   struct place_cpus all;
   memset(&all, 0, sizeof all);
-  int sharing = 0, cpus = 0;
+  int sharing = 0;
   for (int q = 0; q < n; q++) {
     uint64_t meet = 0;
     for (int i = 0; i < PLACE_CPU_WORDS; i++)
@@ -87,7 +87,5 @@ int place_crowded(const struct place_cpus *const *set, int n, int who) {
     for (int i = 0; i < PLACE_CPU_WORDS; i++)
       all.w[i] |= set[q]->w[i];
   }
-  for (int i = 0; i < PLACE_CPU_WORDS; i++)
-    cpus += __builtin_popcountll(all.w[i]);
-  return sharing > cpus;
+  return sharing > place_cpu_count(&all);
 }
