@@ -240,3 +240,54 @@ TEST_IMPL(flat_cpu_off_on_one_rank) {
   harness_set_rank_setup(cpu_off_setup);
   return run_ranks(4, cpu_off_rank, NULL);
 }
+
+/* By CPU, a rank that never makes its second call: rank 3 waits for rank 1,
+ * before it on their CPU, to add its data, and LOOM_TIMEOUT's sentence
+ * says so (the wait's own description, not the barrier's); ranks 0 and 2,
+ * at the barrier, hear of rank 3's failure, which names rank 1. Rank 1 stays until the others
+ * have gone: it reads a pipe whose write ends only they still hold. */
+static int absent_rank(int rank, int n, ncclUniqueId id, void *arg) {
+  int *fds = arg;
+  /* Rank 3's timeout comes first; the others hear of its failure. */
+  setenv("LOOM_TIMEOUT", rank == 3 ? "2" : "20", 1);
+  ncclComm_t comm;
+  RCHECK(NULL, ncclCommInitRank(&comm, n, id, rank));
+  static float buf[300000];
+  /* A first call together: it sets up every connection. */
+  RCHECK(comm, ncclAllReduce(buf, buf, 300000, ncclFloat, ncclSum, comm, NULL));
+  if (rank == 1) {
+    close(fds[1]);
+    char c;
+    while (read(fds[0], &c, 1) > 0)
+      ;
+    ncclCommAbort(comm);
+    return 0;
+  }
+  close(fds[0]);
+  ncclResult_t r = ncclAllReduce(buf, buf, 300000, ncclFloat, ncclSum, comm, NULL);
+  char msg[4096];
+  snprintf(msg, sizeof msg, "%s", ncclGetLastError(comm));
+  fprintf(stderr, "rank %d: %s: %s\n", rank, ncclGetErrorString(r), msg);
+  ncclCommAbort(comm);
+  RASSERT(r != ncclSuccess, "rank %d: the call succeeded without rank 1", rank);
+  if (rank == 3)
+    RASSERT(strstr(msg, "rank 1, before this rank on its CPU, to add its data") != NULL,
+            "rank 3: the message does not say it waits for rank 1's data: %s", msg);
+  else
+    RASSERT(strstr(msg, "rank 1") != NULL, "rank %d: the message does not name rank 1: %s", rank, msg);
+  return 0;
+}
+
+TEST_IMPL(flat_cpu_absent_rank) {
+  setenv("NCCL_ALGO", "allreduce:flat", 1);
+  if (harness_pin_cpus() < 2)
+    SKIP("one CPU: all four ranks on it, rank 3 would wait for rank 2, not rank 1");
+  static int fds[2];
+  ASSERT(pipe(fds) == 0);
+  harness_set_rank_setup(harness_pin_setup);
+  pid_t pids[4];
+  ASSERT(start_ranks(4, absent_rank, fds, pids, NULL) == 0);
+  close(fds[1]);
+  close(fds[0]);
+  return wait_ranks(4, pids);
+}

@@ -114,6 +114,7 @@ TEST(flat_cpu_mismatch_count, 60)
 TEST(flat_cpu_mismatch_modes, 60)
 TEST(flat_cpu_mismatch_op, 60)
 TEST(flat_cpu_off_on_one_rank, 60)
+TEST(flat_cpu_absent_rank, 60)
 /* Flat AllReduce in place in windows (test_flat_win.c). */
 TEST(flat_win_sym_2, 120)
 TEST(flat_win_sym_3, 120)
