@@ -272,8 +272,11 @@ void arena_poison(struct ncclComm *comm, const char *why) {
   if (!a)
     return;
   int32_t none = 0;
-  if (atomic_compare_exchange_strong(&a->head->failed, &none, comm->rank + 1)) {
+  /* The sentence before the word: a rank that sees `failed` reads `why`
+   * at once, and one that saw it empty would lose the first cause. */
+  if (atomic_compare_exchange_strong(&a->head->claimed, &none, comm->rank + 1)) {
     snprintf(a->head->why, sizeof a->head->why, "%s", why ? why : "");
+    atomic_store(&a->head->failed, comm->rank + 1);
     /* Moving nothing: sleepers wake and read failed. */
     util_futex_wake_all(util_low_word(&a->head->gen));
     util_futex_wake_all(util_low_word(&a->head->posted));

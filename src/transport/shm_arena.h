@@ -111,7 +111,8 @@ struct arena_head {
   uint64_t pad2[7];
   _Atomic uint64_t gen;       /* barriers completed (futex on its low word) */
   _Atomic uint32_t sleepers;  /* ranks asleep on gen */
-  _Atomic int32_t failed;     /* 1 + the first rank that failed, 0: none */
+  _Atomic int32_t failed;     /* 1 + the first rank that failed, 0: none; set once `why` is written */
+  _Atomic int32_t claimed;    /* 1 + the rank that writes `why`: one writer, before `failed` */
   _Alignas(64) _Atomic uint64_t posted; /* slots posted, all ranks together (futex on its low word) */
   _Atomic uint32_t posted_sleepers;
   char why[1024];             /* that rank's sentence ("" for an abort) */
