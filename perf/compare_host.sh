@@ -7,7 +7,7 @@
 #
 #   perf/compare_host.sh [--ranks "2 4 8"] [--min 8] [--max 256M] [--factor 2]
 #       [--rounds 3] [--colls "allreduce allgather reducescatter"]
-#       [--peers "loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo"] [--warmup 5]
+#       [--peers "loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo floor_exchange"] [--warmup 5]
 #       [--iters 20] [--timeout 1200] [--out perf-results] [--build build-perf]
 #       [--no-build] [--impi DIR] [--gloo-python PY]
 #   perf/compare_host.sh --quick [--rounds 3] [--peers ...] [--timeout ...]
@@ -19,7 +19,10 @@
 #   shm rows, Loom over shm against Open MPI (vader), Intel MPI (shm), Gloo:
 #     2 ranks 8, 64K, 1M, 64M; 4 ranks 8, 1M, 64M; 8 ranks 8, 1M, 64M
 #     (and Loom with its buffers in symmetric windows, all_reduce_perf -R 2,
-#     a column of its own: loom_win, quick mode only)
+#     a column of its own: loom_win, quick mode only; and on the 2-rank
+#     rows, the floor of any AllReduce on plain buffers between two
+#     processes, perf/baselines/shm_floor.c exchange: floor_exchange,
+#     quick mode only, set against Loom and the MPIs below the table)
 #   socket rows, Loom over sockets against Open MPI (tcp), Gloo:
 #     2 ranks 8, 64M; 4 ranks 1M
 # and prints per row each library's time per call, the best peer and
@@ -70,13 +73,16 @@ factor=${opt[factor]:-2} rounds=${opt[rounds]:-3}
 warmup=${opt[warmup]:-5} iters=${opt[iters]:-20}
 colls=${opt[colls]:-allreduce allgather reducescatter}
 [ -n "$quick" ] && colls=allreduce
-peers=${opt[peers]:-loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo}
-# The windows' column belongs to the quick table alone.
-[ -z "$quick" ] && [[ " $peers " == *" loom_win "* ]] && {
-  [ -n "${opt[peers]:-}" ] && echo "-- loom_win is a column of the quick table alone (--quick): not run"
-  peers=" $peers "
-  peers=${peers/ loom_win / }
-}
+peers=${opt[peers]:-loom loom_win loom_socket mpi_shm impi_shm mpi_tcp gloo floor_exchange}
+# The windows' column and the 2-rank floor belong to the quick table alone.
+if [ -z "$quick" ]; then
+  for p in loom_win floor_exchange; do
+    [[ " $peers " == *" $p "* ]] || continue
+    [ -n "${opt[peers]:-}" ] && echo "-- $p belongs to the quick table alone (--quick): not run"
+    peers=" $peers "
+    peers=${peers/ $p / }
+  done
+fi
 limit=${opt[timeout]:-1200} out=${opt[out]:-perf-results}
 build=${opt[build]:-${LOOM_PERF_BUILD:-build-perf}}
 impi=${opt[impi]:-${LOOM_IMPI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loom-perf/impi}}
@@ -104,7 +110,9 @@ for c in $colls; do
   case $c in allreduce | allgather | reducescatter) ;; *) die "unknown collective $c" ;; esac
 done
 for p in $peers; do
-  case $p in loom | loom_win | loom_socket | mpi_shm | impi_shm | mpi_tcp | gloo) ;; *) die "unknown library $p" ;; esac
+  case $p in loom | loom_win | loom_socket | mpi_shm | impi_shm | mpi_tcp | gloo | floor_exchange) ;;
+    *) die "unknown library $p" ;;
+  esac
 done
 want() { [[ " $peers " == *" $1 "* ]]; }
 
@@ -186,6 +194,10 @@ if want gloo; then
     skip gloo "$py has no torch with gloo (Debian package python3-torch, or --gloo-python PY naming a Python with torch)"
   fi
 fi
+if want floor_exchange && ! $cc -O3 -std=c11 -Wall -Wextra -o "$out/bin/shm_floor" perf/baselines/shm_floor.c \
+    >"$out/logs/shm_floor_build.txt" 2>&1; then
+  skip floor_exchange "perf/baselines/shm_floor.c does not build with $cc, see $out/logs/shm_floor_build.txt"
+fi
 if [ -z "$quick" ] && ! command -v gnuplot >/dev/null; then
   echo "-- no plot: gnuplot not found (Debian package gnuplot-nox); the tables still come"
 fi
@@ -228,6 +240,8 @@ declare -A said=()
 record() { # impl coll n round format log
   if [ "$5" = nccl ]; then
     awk -v p="$1,$2,$3,$4" '/^ *[0-9]+ +[0-9]+ / && NF >= 13 { print p "," $1 "," $6 "," $8 "," $10 "," $12 }' "$6"
+  elif [ "$5" = floor ]; then
+    awk -v p="$1,$2,$3,$4" '$1 == "shm_floor" && NF == 7 { print p "," $3 "," $5 ",,," }' "$6"
   else
     awk -v p="$1,$2,$3,$4" 'NF == 5 && $2 ~ /^[0-9]+$/ { print p "," $2 "," $3 "," $5 ",," }' "$6"
   fi >>"$raw"
@@ -292,6 +306,8 @@ runlib() { # impl coll n round lo hi factor warmup iters
     impi_shm)
       runone impi_shm "$coll" "$n" "$r" base env "${impi_env[@]}" "$impi/bin/mpiexec" -n "$n" \
         "$out/bin/impi_coll" "$coll" "$lo" "$hi" "$f" "$w" "$it" ;;
+    # Its time is the calls' mean in the one round it runs.
+    floor_exchange) runone floor_exchange "$coll" "$n" "$r" floor "$out/bin/shm_floor" exchange "$lo" "$it" 1 ;;
     gloo)
       [ -n "${said[gloo$coll$n]:-}" ] ||
         runone gloo "$coll" "$n" "$r" base env GLOO_SOCKET_IFNAME=lo "$py" \
@@ -333,8 +349,9 @@ if [ -n "$quick" ]; then
     else it=$((20 / $1 > 5 ? 20 / $1 : 5)); fi
     echo "$((it / 10 > 1 ? it / 10 : 1)) $it"
   }
-  row_libs() { # kind -> the libraries of its rows that are wanted
+  row_libs() { # kind ranks -> the libraries of its rows that are wanted
     local l libs="loom loom_win mpi_shm impi_shm gloo" on=
+    [ "$1" = shm ] && [ "$2" = 2 ] && libs+=" floor_exchange"
     [ "$1" = socket ] && libs="loom_socket mpi_tcp gloo"
     for l in $libs; do want "$l" && on+=" $l"; done
     echo "$on"
@@ -343,7 +360,7 @@ if [ -n "$quick" ]; then
   for row in "${quick_rows[@]}"; do
     read -r kind n size <<<"$row"
     b=$(bytes "$size") && read -r w it <<<"$(calls "$n" "$b")"
-    [ -n "$(row_libs "$kind")" ] && echo "$kind-${n}r-$size,$kind,$n,$b,$w,$it" >>"$out/rows.txt"
+    [ -n "$(row_libs "$kind" "$n")" ] && echo "$kind-${n}r-$size,$kind,$n,$b,$w,$it" >>"$out/rows.txt"
   done
   for r in $(seq 1 "$rounds"); do
     round_start "" "$r"
@@ -356,7 +373,7 @@ if [ -n "$quick" ]; then
       # row's first run follows the previous row's (an 8-rank 64 MiB run
       # before the socket rows) and can come out slow on a busy host, so
       # no library should always be first.
-      libs=$(row_libs "$kind")
+      libs=$(row_libs "$kind" "$n")
       [ $((r % 2)) -eq 1 ] || libs=$(echo "$libs" | tr ' ' '\n' | tac | tr '\n' ' ')
       for impl in $libs; do
         [ -z "${done_here[$impl $n $b]:-}" ] || continue

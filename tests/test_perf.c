@@ -74,6 +74,39 @@ TEST_IMPL(perf_every_benchmark) {
   return 0;
 }
 
+/* The floor program (perf/baselines/shm_floor.c) checks its own output:
+ * both modes, pieces that do not divide the buffer, one piece larger than
+ * a half, and arguments it refuses. */
+TEST_IMPL(perf_shm_floor) {
+  static char *const runs[][8] = {
+      {PERF("shm_floor"), "ring", "1000", "3", "1", "64", "4K", NULL},
+      {PERF("shm_floor"), "ring", "65544", "3", "3", NULL},
+      {PERF("shm_floor"), "ring", "3M", "2", "1", "192K", "1M", NULL},
+      {PERF("shm_floor"), "exchange", "1000", "3", "1", "64", "4K", NULL},
+      {PERF("shm_floor"), "exchange", "3M", "2", "2", "192K", "1M", NULL},
+  };
+  static const char *const lines[] = {"ring 1000 64", "ring 65544 262144", "ring 3145728 196608",
+                                      "exchange 1000 64", "exchange 3145728 196608"};
+  for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    int rc = harness_run(runs[i], out, sizeof out);
+    ASSERT_MSG(rc == 0, "shm_floor %s %s exited with %d:\n%s", runs[i][1], runs[i][2], rc, out);
+    char want[64];
+    snprintf(want, sizeof want, "shm_floor %s ", lines[i]);
+    ASSERT_MSG(strstr(out, want) != NULL, "no closing line \"%s\" in:\n%s", want, out);
+  }
+  static char *const bad[][6] = {
+      {PERF("shm_floor"), "ring", "1001", NULL},
+      {PERF("shm_floor"), "ring", "1M", "0", NULL},
+      {PERF("shm_floor"), "ring", "1M", "1", "102", NULL},
+      {PERF("shm_floor"), "tree", "1M", NULL},
+      {PERF("shm_floor"), NULL},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ASSERT_MSG(harness_run(bad[i], out, sizeof out) == 2, "shm_floor %s %s was not refused",
+               bad[i][1] ? bad[i][1] : "", bad[i][1] && bad[i][2] ? bad[i][2] : "");
+  return 0;
+}
+
 /* A rank that dies takes the launcher down with a non-zero status and a
  * sentence saying which rank, instead of leaving the others waiting. */
 TEST_IMPL(perf_loomrun_failing_rank) {
@@ -431,16 +464,18 @@ TEST_IMPL(docs_links) {
   return 0;
 }
 
-/* perf/compare_host.sh in its quick form, with Loom alone (the peers need
- * packages CI does not install) and one round: its rows, parsing and
- * tables keep working, and quick.csv holds every row's figure. */
+/* perf/compare_host.sh in its quick form, with Loom in windows and the
+ * 2-rank floor alone (the peers need packages CI does not install) and
+ * one round: its rows, parsing and tables keep working, and quick.csv
+ * holds every row's figure. */
 TEST_IMPL(perf_compare_host_quick) {
   if (access("/usr/bin/python3", X_OK) != 0)
     SKIP("no /usr/bin/python3: the comparison's tables cannot be made here");
   char outdir[] = "/tmp/loom-compare-XXXXXX";
   ASSERT(mkdtemp(outdir));
-  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--rounds", "1", "--peers", "loom_win",
-                  "--no-build", "--build", LOOM_BUILD_DIR, "--out", outdir, NULL};
+  char *argv[] = {"/bin/bash", LOOM_SOURCE_DIR "/perf/compare_host.sh", "--quick", "--rounds", "1",
+                  "--peers", "loom_win floor_exchange", "--no-build", "--build", LOOM_BUILD_DIR, "--out", outdir,
+                  NULL};
   int rc = harness_run(argv, out, sizeof out);
   char path[PATH_MAX], csv[8192] = "";
   snprintf(path, sizeof path, "%s/quick.csv", outdir);
@@ -460,6 +495,11 @@ TEST_IMPL(perf_compare_host_quick) {
   ASSERT_MSG(strstr(csv, "row,lib,round,time_us\n") && strstr(csv, "shm-2r-8,loom_win,1,") &&
                  strstr(csv, "shm-8r-64M,loom_win_inplace,1,") && strstr(out, "Loom shm -R 2, in place:"),
              "unexpected quick.csv:\n%s", csv);
+  /* The 2-rank rows' floor, on those rows alone, and its lines. */
+  ASSERT_MSG(strstr(csv, "shm-2r-8,floor_exchange,1,") && strstr(csv, "shm-2r-64M,floor_exchange,1,") &&
+                 !strstr(csv, "shm-4r-8,floor_exchange") && strstr(out, "2-rank floor, shm_floor exchange") &&
+                 strstr(out, "  64 MiB: ") && strstr(out, "% of the memcpy bound B/m"),
+             "no 2-rank floor in the quick table:\n%s\n%s", out, csv);
   return 0;
 }
 

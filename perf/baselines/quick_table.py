@@ -25,6 +25,10 @@ KINDS = {
 }
 NAMES = {"loom": "Loom shm", "loom_socket": "Loom sock", "mpi_shm": "Open MPI shm", "impi_shm": "Intel MPI shm",
          "mpi_tcp": "Open MPI tcp", "gloo": "Gloo", "loom_win": "Loom shm -R 2"}
+# The floor of a 2-rank AllReduce on plain buffers through shared memory
+# (perf/baselines/shm_floor.c exchange), run once per round at the 2-rank
+# shm rows' sizes: raw.csv's impl for it.
+FLOOR = "floor_exchange"
 # Loom with its buffers in symmetric windows (all_reduce_perf -R 2), where
 # the ranks read and write each other's in place: a column of its own,
 # with its ratio against the same best peer beside Loom's.
@@ -88,7 +92,8 @@ def main():
         for name, kind, n, size, _, _ in rows:
             loom, peers = KINDS[kind]
             extra = [EXTRA[kind], EXTRA[kind] + "_inplace"] if kind in EXTRA else []
-            for lib in [loom, loom + "_inplace"] + extra + peers:
+            floor = [FLOOR] if kind == "shm" and n == 2 else []
+            for lib in [loom, loom + "_inplace"] + extra + peers + floor:
                 for r, t in sorted(times.get((lib, n, size), {}).items()):
                     w.writerow([name, lib, r, "%.3f" % t])
 
@@ -155,6 +160,7 @@ def main():
     say("%d of %d rows with a peer have Loom below 1.0" % (below, ratios))
 
     bound(say, memcpy, med)
+    floors(say, rows, times, med, memcpy)
     if skipped:
         say("")
         say("Not measured:")
@@ -189,6 +195,29 @@ def bound(say, memcpy, med):
         if t:
             say("  %s, %s: %s us = %.0f%% of the bound (busbw %.2f GB/s)" % (NAMES["loom_win"], how, us(t),
                                                                            100 * t_bound / t, size / (t * 1e3)))
+
+
+
+def floors(say, rows, times, med, memcpy):
+    """The 2-rank shm rows against the least their bytes can cost: each
+    rank's buffer copied into shared memory and out of it by the peer, with
+    no reduction and no library (shm_floor exchange, perf/README.md)."""
+    sized = [(n, size) for _, kind, n, size, _, _ in rows if kind == "shm" and (FLOOR, n, size) in med]
+    if not sized:
+        return
+    say("")
+    say("2-rank floor, shm_floor exchange (each rank's buffer into shared memory and out of it by the")
+    say("peer, no reduction: the least any AllReduce on plain buffers moves between two processes):")
+    for n, size in sized:
+        v = list(times[(FLOOR, n, size)].values())
+        t = med[(FLOOR, n, size)]
+        line = "  %s: %s us [%s-%s]" % (human(size), us(t), us(min(v)), us(max(v)))
+        for lib in ("loom", "impi_shm", "mpi_shm"):
+            if (lib, n, size) in med:
+                line += "; %s %.2fx the floor" % (NAMES[lib], med[(lib, n, size)] / t)
+        if memcpy and size == 64 << 20:
+            line += "; the floor is %.0f%% of the memcpy bound B/m" % (100 * size / (statistics.median(memcpy) * 1e3) / t)
+        say(line)
 
 
 if __name__ == "__main__":
