@@ -234,21 +234,9 @@ static ncclResult_t tune_setup(struct ncclComm *comm) {
   struct tune_input in;
   tuner_shape(&in, comm->nranks, nhosts, maxper, comm->nchannels, !comm->is_host, shm_off, comm->buffsize,
               comm->topo_chain_gbs, comm->topo_nic_gbs);
-  /* With more ranks than CPUs on a host (any rank crowded), every step
-   * waits for the peer to be scheduled: measured (perf/crossover.py) as
-   * about 2.5 times the step latency, which moves the switch from
-   * recursive doubling to rings from 16-32 KiB to 64-128 KiB. Every rank
-   * sees the same peers, so all decide alike. */
-  if (comm->is_host && !shm_off && oversubscribed) {
-    in.lat_local *= 2.5;
-    in.lat_barrier *= 2.5;
-    /* Flat AllReduce, where the arena exists (arena_setup), measured
-     * faster than rings and recursive doubling at every size on 8 ranks
-     * over 2 CPUs, and as fast as rings from 16 MiB on 4 (its outputs
-     * written by streaming stores from 1 MiB); where every rank has a
-     * CPU, only its small calls are (perf/README.md). */
-    in.flat_pref_max = SIZE_MAX;
-  }
+  /* Every rank sees the same peers, so all decide alike. */
+  if (comm->is_host && oversubscribed)
+    tuner_crowded(&in, shm_off);
   comm->tuner = calloc(1, sizeof *comm->tuner);
   if (!comm->tuner)
     return err_set(ncclSystemError, "out of memory for the communicator's tuner");

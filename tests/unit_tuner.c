@@ -49,6 +49,41 @@ TEST_IMPL(unit_tuner_pick) {
   return 0;
 }
 
+/* Ranks outnumbering their host's CPUs over sockets: recursive doubling
+ * gives way to rings where it measured slower (4 ranks from 64 KiB, 8 from
+ * 16 KiB), not where the ranks have CPUs; over shared memory the steps
+ * grow longer and Flat is preferred instead. */
+TEST_IMPL(unit_tuner_crowded) {
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_PROTO");
+  static const struct {
+    int n, crowded;
+    size_t rd, ring; /* a size that picks recursive doubling, one that picks a ring */
+  } cases[] = {{4, 1, 32 << 10, 64 << 10}, {8, 1, 8 << 10, 16 << 10}, {4, 0, 64 << 10, 1 << 20}, {8, 0, 64 << 10, 1 << 20}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct tune_input in;
+    tuner_shape(&in, cases[i].n, 1, cases[i].n, 1, 0, 1, 4 << 20, 0, 0);
+    if (cases[i].crowded)
+      tuner_crowded(&in, 1);
+    struct tuner t;
+    ASSERT_OK(tuner_init(&t, &in));
+    int algo, nch;
+    ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, cases[i].rd, &algo, &nch, NULL));
+    ASSERT_MSG(algo == ALGO_RD, "%d ranks over sockets%s, %zu B: %s", cases[i].n, cases[i].crowded ? ", crowded" : "",
+               cases[i].rd, algo_name(algo));
+    ASSERT_OK(tuner_pick(&t, COLL_ALLREDUCE, cases[i].ring, &algo, &nch, NULL));
+    ASSERT_MSG(algo == ALGO_RING, "%d ranks over sockets%s, %zu B: %s", cases[i].n,
+               cases[i].crowded ? ", crowded" : "", cases[i].ring, algo_name(algo));
+  }
+  /* Shared memory: the recursive doubling limit stays, the steps lengthen. */
+  struct tune_input in, plain;
+  tuner_shape(&in, 4, 1, 4, 1, 0, 0, 4 << 20, 0, 0);
+  plain = in;
+  tuner_crowded(&in, 0);
+  ASSERT(in.rd_max_bytes == plain.rd_max_bytes && in.lat_local > plain.lat_local && in.flat_pref_max == SIZE_MAX);
+  return 0;
+}
+
 /* Flat AllReduce, where the ranks share an arena: its small calls always,
  * its larger ones up to flat_pref_max (hosts with more ranks than CPUs);
  * never without the arena, never for other collectives, never against

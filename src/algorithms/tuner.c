@@ -178,6 +178,36 @@ void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_pe
   in->bw_flat = in->bw_local;
 }
 
+void tuner_crowded(struct tune_input *in, int shm_disabled) {
+  if (!shm_disabled) {
+    /* Every step waits for the peer to be scheduled: measured
+     * (perf/crossover.py) as about 2.5 times the step latency, which moves
+     * the switch from recursive doubling to rings from 16-32 KiB to 64-128
+     * KiB. */
+    in->lat_local *= 2.5;
+    in->lat_barrier *= 2.5;
+    /* Flat AllReduce, where the arena exists (arena_setup), measured
+     * faster than rings and recursive doubling at every size on 8 ranks
+     * over 2 CPUs, and as fast as rings from 16 MiB on 4 (its outputs
+     * written by streaming stores from 1 MiB); where every rank has a
+     * CPU, only its small calls are (perf/README.md). */
+    in->flat_pref_max = SIZE_MAX;
+    return;
+  }
+  /* Over sockets every exchange of recursive doubling moves the whole
+   * buffer through the kernel on every rank at once, where a ring's steps
+   * move a rank's share. On loopback, 4 and 8 ranks over 2 CPUs, with
+   * sockets whose buffers the kernel has not grown yet (a job's first
+   * hundred calls), rings overtake it from 64 and 16 KiB (64 KiB: 148
+   * against 192 us, 396 against 954); once grown (1000 calls after 200),
+   * the two are within 5% up to 32 KiB and rings lead from 64 KiB on 8
+   * ranks (321 against 345 us; 128 KiB 535 against 650). The model put
+   * the switch at 80 and 120 KiB; 512 KiB over the square of the ranks
+   * puts it at 32 and 8 KiB, behind in neither case (perf/README.md). */
+  size_t n = (size_t)LOOM_MAX(in->nranks, 1);
+  in->rd_max_bytes = LOOM_MIN(in->rd_max_bytes, ((size_t)512 << 10) / (n * n));
+}
+
 ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in) {
   memset(t, 0, sizeof *t);
   t->in = *in;

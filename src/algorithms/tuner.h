@@ -66,6 +66,12 @@ struct tuner {
 void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_per_host, int nchannels, int gpu,
                  int shm_disabled, size_t buffsize, double chain_gbs, double nic_gbs);
 
+/* A host with more ranks than CPUs (any rank crowded, as init's census
+ * finds): over shared memory, a longer step latency and Flat preferred at
+ * every size; over sockets, recursive doubling only up to 512 KiB over
+ * the square of the ranks (measured, tuner.c). */
+void tuner_crowded(struct tune_input *in, int shm_disabled);
+
 /* Reads NCCL_ALGO and NCCL_PROTO; refuses unknown names, and settings
  * that leave Loom nothing it implements, with a sentence. */
 ncclResult_t tuner_init(struct tuner *t, const struct tune_input *in);
