@@ -75,8 +75,13 @@ TEST_IMPL(unit_tuner_crowded) {
     ASSERT_MSG(algo == ALGO_RING, "%d ranks over sockets%s, %zu B: %s", cases[i].n,
                cases[i].crowded ? ", crowded" : "", cases[i].ring, algo_name(algo));
   }
-  /* Shared memory: the recursive doubling limit stays, the steps lengthen. */
+  /* Across hosts the model alone decides: the limit was measured on one. */
   struct tune_input in, plain;
+  tuner_shape(&in, 8, 2, 4, 1, 0, 1, 4 << 20, 0, 0);
+  plain = in;
+  tuner_crowded(&in, 1);
+  ASSERT(in.rd_max_bytes == plain.rd_max_bytes);
+  /* Shared memory: the recursive doubling limit stays, the steps lengthen. */
   tuner_shape(&in, 4, 1, 4, 1, 0, 0, 4 << 20, 0, 0);
   plain = in;
   tuner_crowded(&in, 0);

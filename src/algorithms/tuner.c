@@ -203,7 +203,11 @@ void tuner_crowded(struct tune_input *in, int shm_disabled) {
    * the two are within 5% up to 32 KiB and rings lead from 64 KiB on 8
    * ranks (321 against 345 us; 128 KiB 535 against 650). The model put
    * the switch at 80 and 120 KiB; 512 KiB over the square of the ranks
-   * puts it at 32 and 8 KiB, behind in neither case (perf/README.md). */
+   * puts it at 32 and 8 KiB, behind in neither case (perf/README.md).
+   * Measured on one host: across hosts, where a ring's steps each cross
+   * the network, the model decides alone. */
+  if (in->nhosts > 1)
+    return;
   size_t n = (size_t)LOOM_MAX(in->nranks, 1);
   in->rd_max_bytes = LOOM_MIN(in->rd_max_bytes, ((size_t)512 << 10) / (n * n));
 }

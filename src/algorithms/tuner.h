@@ -68,8 +68,8 @@ void tuner_shape(struct tune_input *in, int nranks, int nhosts, int max_ranks_pe
 
 /* A host with more ranks than CPUs (any rank crowded, as init's census
  * finds): over shared memory, a longer step latency and Flat preferred at
- * every size; over sockets, recursive doubling only up to 512 KiB over
- * the square of the ranks (measured, tuner.c). */
+ * every size; over sockets on one host, recursive doubling only up to 512
+ * KiB over the square of the ranks (measured, tuner.c). */
 void tuner_crowded(struct tune_input *in, int shm_disabled);
 
 /* Reads NCCL_ALGO and NCCL_PROTO; refuses unknown names, and settings
