@@ -30,7 +30,8 @@
  *   shm_floor MODE BYTES PIECE median_us min_us max_us
  * The output of the last call is checked on both ranks (the sum, or the
  * peer's input); a wrong element fails the run (exit 1). Built with the
- * benchmarks (perf/CMakeLists.txt).
+ * benchmarks (perf/CMakeLists.txt), with Loom's src/exec/copy.c for the
+ * streaming copies, and by perf/compare_host.sh --quick.
  * SPDX-License-Identifier: Apache-2.0
  */
 #define _GNU_SOURCE
@@ -44,6 +45,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "exec/copy.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define PAUSE() _mm_pause()
@@ -85,25 +88,13 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The output's copies as Loom's: streaming stores from 1 MiB, with the
+ * library's own copy (src/exec/copy.c, linked in). */
 static void copy_out(void *dst, const void *src, size_t bytes, int stream) {
-#if defined(__x86_64__)
-  if (stream && bytes >= 1024 && ((uintptr_t)dst & 15) == 0) {
-    char *d = dst;
-    const char *s = src;
-    for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
-      __m128i x0 = _mm_loadu_si128((const __m128i *)s), x1 = _mm_loadu_si128((const __m128i *)(s + 16));
-      __m128i x2 = _mm_loadu_si128((const __m128i *)(s + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + 48));
-      _mm_stream_si128((__m128i *)d, x0);
-      _mm_stream_si128((__m128i *)(d + 16), x1);
-      _mm_stream_si128((__m128i *)(d + 32), x2);
-      _mm_stream_si128((__m128i *)(d + 48), x3);
-    }
-    memcpy(d, s, bytes);
-    _mm_sfence();
-    return;
-  }
-#endif
-  memcpy(dst, src, bytes);
+  if (stream)
+    copy_streaming(dst, src, bytes);
+  else
+    memcpy(dst, src, bytes);
 }
 
 /* The widest vectors the CPU has, chosen at load as Loom's reductions
