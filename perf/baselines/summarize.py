@@ -152,7 +152,7 @@ def bound_text(say, memcpy, bw):
     say("  that stay in cache, so only the input and output reach memory; were the FIFO traffic in")
     say("  memory too, the bound would be m/2 = %.2f GB/s. What moving each byte into shared memory" % (m / 2))
     say("  and out again reaches alone, with no reduction (perf/shm_floor exchange), the quick")
-    say("  comparison (--quick) measures beside Loom: 40-47% of m on the host of perf/README.md.")
+    say("  comparison (--quick) measures beside Loom: 40-48% of m on the host of perf/README.md.")
     big = sorted(k[3] for k in bw if k[0] == "loom" and k[1] == "allreduce" and k[2] == 2)
     if big:
         s = big[-1]
