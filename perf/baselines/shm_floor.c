@@ -31,7 +31,7 @@
  * The output of the last call is checked on both ranks (the sum, or the
  * peer's input); a wrong element fails the run (exit 1). Built with the
  * benchmarks (perf/CMakeLists.txt), with Loom's src/exec/copy.c for the
- * streaming copies, and by perf/compare_host.sh --quick.
+ * streaming copies; perf/compare_host.sh --quick runs it.
  * SPDX-License-Identifier: Apache-2.0
  */
 #define _GNU_SOURCE
