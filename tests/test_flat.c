@@ -244,8 +244,9 @@ TEST_IMPL(flat_cpu_off_on_one_rank) {
 /* By CPU, a rank that never makes its second call: rank 3 waits for rank 1,
  * before it on their CPU, to add its data, and LOOM_TIMEOUT's sentence
  * says so (the wait's own description, not the barrier's); ranks 0 and 2,
- * at the barrier, hear of rank 3's failure, which names rank 1. Rank 1 stays until the others
- * have gone: it reads a pipe whose write ends only they still hold. */
+ * at the barrier, hear of rank 3's failure, which names rank 1. Rank 1
+ * stays until the others have gone: it reads a pipe whose write ends only
+ * they still hold. */
 static int absent_rank(int rank, int n, ncclUniqueId id, void *arg) {
   int *fds = arg;
   /* Rank 3's timeout comes first; the others hear of its failure. */
